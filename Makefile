@@ -1,0 +1,27 @@
+# make setup | make demo | make test | make bench | make lint
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NP ?= 2
+
+.PHONY: setup demo test test-unit bench lint clean
+
+setup:
+	VENV=$(VENV) scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/hvtrain launch -np $(NP) --hostfile hostfiles/localhost -- train examples/digits_mlp.yaml
+
+test: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+bench: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) bench/run.py
+
+lint: setup
+	$(VENV)/bin/ruff check hvtrain backends tests bench
+
+clean:
+	rm -rf runs .pytest_cache

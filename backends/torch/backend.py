@@ -1,0 +1,217 @@
+"""TorchBackend: PyTorch under horovod.torch (DistributedOptimizer, ring-allreduce, fusion)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from hvtrain.backend import Backend
+from hvtrain.config import Config
+from hvtrain.dist import ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env
+from hvtrain.errors import ConfigError
+from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer
+
+from .model import build_module, neutral_to_torch, torch_to_neutral
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self) -> None:
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        self.model: torch.nn.Module | None = None
+        self.spec: ModelSpec | None = None
+        self._loss_acc = torch.zeros((), dtype=torch.float64)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def init(self, cfg: Config) -> ProcessInfo:
+        os.environ.update(horovod_env(cfg.horovod.cycle_time_ms, cfg.horovod.fusion_threshold_mb))
+        torch.set_num_threads(cfg.train.threads or default_threads(local_size_from_env()))
+        self.hvd.init()
+        size = self.hvd.size()
+        controller = "gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi"
+        self.info = ProcessInfo(self.hvd.rank(), size, self.hvd.local_rank(), self.hvd.local_size(),
+                                controller if size > 1 else "none")
+        return self.info
+
+    def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
+              num_outputs: int) -> None:
+        hvd = self.hvd
+        self.cfg, self.spec = cfg, spec
+        torch.manual_seed(cfg.seed)
+        self.model = _entrypoint_model(cfg) if spec is None else build_module(spec)
+        if weights is not None:
+            self.set_weights(weights)
+        torch.manual_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
+        self.optimizer = _optimizer(cfg, self.model)
+        if self.info.size > 1:
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+            compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
+            self.optimizer = hvd.DistributedOptimizer(
+                self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
+                backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average)
+        self.autocast = _AUTOCAST.get(cfg.train.precision)
+        self.scaler = torch.amp.GradScaler("cpu") if cfg.train.precision == "fp16" else None
+        self.loss_fn = _LOSSES[cfg.loss]
+        self.model.train()
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+    # -- steps -----------------------------------------------------------------------------
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> None:
+        xt, yt, wt = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(weights)
+        with torch.autocast("cpu", dtype=self.autocast, enabled=self.autocast is not None):
+            out = self.model(xt)
+        loss = (self.loss_fn(out.float(), yt) * wt).sum()
+        self._loss_acc += loss.detach()
+        # Horovod averages over ranks; each rank's weighted sum is 1/size of the global mean.
+        scaled = loss * self.info.size
+        if self.scaler is not None:
+            self.scaler.scale(scaled).backward()
+        else:
+            scaled.backward()
+        if not apply:
+            return
+        if self.scaler is not None:
+            if self.info.size > 1:
+                self.optimizer.synchronize()
+            self.scaler.unscale_(self.optimizer)
+            if self.info.size > 1:
+                with self.optimizer.skip_synchronize():
+                    self.scaler.step(self.optimizer)
+            else:
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def loss_sum(self, reset: bool = False) -> float:
+        value = float(self._loss_acc)
+        if reset:
+            self._loss_acc.zero_()
+        return value
+
+    @torch.no_grad()
+    def eval_batch(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        try:
+            out = self.model(torch.from_numpy(x)).float()
+        finally:
+            self.model.train()
+        yt = torch.from_numpy(y)
+        loss = self.loss_fn(out, yt).sum().item()
+        correct = sq = ab = 0.0
+        if self.cfg.loss == "cross_entropy":
+            correct = (out.argmax(dim=1) == yt).sum().item()
+        elif self.cfg.loss == "binary_cross_entropy":
+            correct = ((out[:, 0] > 0).long() == yt).sum().item()
+        else:
+            diff = out - yt
+            sq, ab = diff.pow(2).mean(dim=1).sum().item(), diff.abs().mean(dim=1).sum().item()
+        return np.array([loss, correct, sq, ab], np.float64)
+
+    @torch.no_grad()
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        try:
+            return self.model(torch.from_numpy(x)).float().numpy()
+        finally:
+            self.model.train()
+
+    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
+        if self.info.size == 1:
+            return values
+        t = torch.from_numpy(np.ascontiguousarray(values, np.float64))
+        return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
+
+    # -- weights ---------------------------------------------------------------------------
+    def get_weights(self) -> dict[str, np.ndarray]:
+        state = {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()
+                 if v.is_floating_point()}
+        if self.spec is None:
+            return state
+        grouped = []
+        for layer in self.spec.layers:
+            prefix = f"{layer.index}."
+            grouped.append(torch_to_neutral(layer, {k[len(prefix):]: v for k, v in state.items()
+                                                    if k.startswith(prefix)}))
+        return from_layers(self.spec, grouped)
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        if self.spec is None:
+            state = {k: torch.from_numpy(np.array(v)) for k, v in weights.items()}
+            self.model.load_state_dict(state, strict=False)
+            return
+        check_weights(self.spec, weights, "weights")
+        native = {}
+        for layer, w in zip(self.spec.layers, per_layer(self.spec, weights)):
+            for k, v in neutral_to_torch(layer, w).items():
+                native[f"{layer.index}.{k}"] = torch.from_numpy(np.ascontiguousarray(v, np.float32))
+        missing, unexpected = self.model.load_state_dict(native, strict=False)
+        missing = [m for m in missing if not m.endswith("num_batches_tracked")]
+        if missing or unexpected:
+            raise AssertionError(f"weight conversion bug: missing {missing}, unexpected {unexpected}")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def _bce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(out[:, 0], y.to(out.dtype), reduction="none")
+
+
+def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (out - y).pow(2).mean(dim=1)
+
+
+def _mae(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (out - y).abs().mean(dim=1)
+
+
+_LOSSES = {"cross_entropy": _ce, "binary_cross_entropy": _bce, "mse": _mse, "mae": _mae}
+
+
+def _optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optimizer
+    params = [p for p in model.parameters() if p.requires_grad]
+    if o.name == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
+                               weight_decay=o.weight_decay)
+    if o.name in ("adam", "adamw"):
+        cls = torch.optim.Adam if o.name == "adam" else torch.optim.AdamW
+        return cls(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    return torch.optim.RMSprop(params, lr=o.lr, alpha=o.rho, eps=o.eps, momentum=o.momentum,
+                               weight_decay=o.weight_decay)
+
+
+def _entrypoint_model(cfg: Config) -> torch.nn.Module:
+    """Import the configured `package.module:function` (the only user code hvtrain imports)."""
+    module_name, _, func_name = cfg.model.entrypoint.partition(":")
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as exc:
+        raise cfg.fail("model.entrypoint", f"cannot import {cfg.model.entrypoint!r}: {exc}") from None
+    model = func(**cfg.model.kwargs)
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"{cfg.where('model.entrypoint')}: model.entrypoint: expected the function to return "
+                          f"a torch.nn.Module for backend torch, got {type(model).__name__}")
+    return model

@@ -1,0 +1,70 @@
+"""Process and launch facts, computed once; the one place that reads HVTRAIN_* settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hvtrain.errors import ConfigError
+
+# Environment variables that hvtrain reads, and the CLI option each one stands for.
+ENV_SETTINGS = {"HVTRAIN_BACKEND": "--backend", "HVTRAIN_OUTPUT_DIR": "--output-dir"}
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """Who this process is in the job. Built once by the backend right after hvd.init()."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    controller: str = "none"  # mpi | gloo | none (one process)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setting(cli_value: str | None, env_name: str) -> str | None:
+    """A setting given by CLI option or HVTRAIN_* variable; both and different is an error.
+
+    Workers started by horovodrun/mpirun see the same argv and the forwarded environment,
+    so a value reaches every rank the same way.
+    """
+    env_value = os.environ.get(env_name) or None
+    if cli_value is not None and env_value is not None and cli_value != env_value:
+        raise ConfigError(f"{ENV_SETTINGS[env_name]} {cli_value!r} conflicts with {env_name}={env_value!r}; "
+                          "unset one of them")
+    return cli_value if cli_value is not None else env_value
+
+
+def local_size_from_env() -> int:
+    """Ranks on this host, from whichever launcher started us (1 when run alone)."""
+    for name in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def launched_with_gloo() -> bool:
+    return "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ
+
+
+def default_threads(local_size: int) -> int:
+    """Intra-op threads per rank: this host's usable cores shared by its ranks."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_size))
+
+
+def horovod_env(cycle_time_ms: float, fusion_threshold_mb: float) -> dict[str, str]:
+    """Horovod knobs from the config; a HOROVOD_* variable already set by the user wins."""
+    wanted = {
+        "HOROVOD_CYCLE_TIME": f"{cycle_time_ms:g}",
+        "HOROVOD_FUSION_THRESHOLD": str(int(fusion_threshold_mb * 1024 * 1024)),
+    }
+    return {k: v for k, v in wanted.items() if k not in os.environ}

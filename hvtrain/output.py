@@ -1,0 +1,83 @@
+"""Every rank-dependent side effect lives here: printing, progress bars and files.
+
+Non-main ranks get the same object and calls, which do nothing; the trainer never
+checks the rank itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hvtrain.dist import ProcessInfo
+
+
+class Reporter:
+    def __init__(self, info: ProcessInfo, out_dir: Path, quiet: bool = False):
+        self.info = info
+        self.out_dir = Path(out_dir)
+        self.enabled = info.is_main
+        self.quiet = quiet
+        if self.enabled:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
+
+    def print(self, message: str) -> None:
+        if self.enabled and not self.quiet:
+            print(message, flush=True)
+
+    def progress(self, total: int, desc: str):
+        """A tqdm bar on the main rank (stderr), a no-op object elsewhere."""
+        if not self.enabled or self.quiet:
+            return _NullBar()
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit="step", leave=False, file=sys.stderr,
+                    disable=None if sys.stderr.isatty() else True, dynamic_ncols=True)
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with (self.out_dir / "metrics.jsonl").open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    def write_json(self, name: str, data: dict[str, Any]) -> None:
+        if self.enabled:
+            _atomic_write(self.out_dir / name, (json.dumps(data, indent=2) + "\n").encode())
+
+    def write_weights(self, name: str, weights: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+        if self.enabled:
+            from safetensors.numpy import save
+
+            blob = save({k: np.ascontiguousarray(v) for k, v in weights.items()}, metadata=metadata)
+            _atomic_write(self.out_dir / name, blob)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename: a reader or a crash never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class _NullBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 for this venv's torch/TensorFlow, or reuse a cached wheel.
+#
+# Horovod's last release does not compile against torch >= 2.1 or TF >= 2.16 as
+# released. The patch below is the smallest set of edits measured to work:
+#   1. C++17 in the top CMakeLists.txt and horovod/torch/CMakeLists.txt
+#      (torch >= 2.1 headers need it);
+#   2. drop horovod/tensorflow/xla_mpi_ops.cc (includes pre-TF-2.16 XLA headers);
+#   3. horovod/runner/mpi_run.py: double-dash OpenMPI options (--mca, --bind-to,
+#      --map-by, --rank-by). OpenMPI 5's prterun rejects the single-dash forms
+#      ("Executable: none"); OpenMPI 4.1 accepts both.
+# cmake 4 needs CMAKE_POLICY_VERSION_MINIMUM=3.5 for Horovod's bundled projects.
+#
+# The wheel is cached under ${HVTRAIN_CACHE_DIR:-~/.cache/hvtrain}/horovod/<key>/,
+# key = Python, torch, TensorFlow, MPI versions and this script's hash, so a
+# change of any of them rebuilds.
+#
+# Usage: scripts/build_horovod.sh PYTHON   (the venv's python)
+set -euo pipefail
+
+PY=${1:?usage: build_horovod.sh PYTHON}
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"   # absolute: the build cds into the sdist
+HVD_VERSION=0.28.1
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache_root=${HVTRAIN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvtrain}
+
+versions=$("$PY" - <<'PYEOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+def v(*names):
+    for n in names:
+        try:
+            return version(n)
+        except PackageNotFoundError:
+            pass
+    sys.exit(f"build_horovod: {names[0]} is not installed in this venv; install it first")
+print(f"py{sys.version_info[0]}{sys.version_info[1]}-torch{v('torch')}-tf{v('tensorflow-cpu', 'tensorflow')}")
+PYEOF
+)
+mpi_version=$(mpirun --version 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n' '_' || true)
+[ -n "$mpi_version" ] || { echo "build_horovod: mpirun not found; install OpenMPI first" >&2; exit 1; }
+script_hash=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)
+key="hvd${HVD_VERSION}-${versions}-${mpi_version}-${script_hash}"
+cache_dir="$cache_root/horovod/$key"
+
+wheel=$(ls "$cache_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
+if [ -z "$wheel" ]; then
+  echo "build_horovod: no cached wheel for $key; building (takes ~10 min on 2 cores)"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HVD_VERSION" -d "$work"
+  tar -xzf "$work/horovod-$HVD_VERSION.tar.gz" -C "$work"
+  src="$work/horovod-$HVD_VERSION"
+
+  patch_file() {  # patch_file FILE SED_EXPR GREP_AFTER: apply and check it took
+    sed -i -e "$2" "$1"
+    grep -q -e "$3" "$1" || { echo "build_horovod: patch '$2' did not apply to $1" >&2; exit 1; }
+  }
+  patch_file "$src/CMakeLists.txt" 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' 'set(CMAKE_CXX_STANDARD 17)'
+  patch_file "$src/horovod/torch/CMakeLists.txt" 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' 'set(CMAKE_CXX_STANDARD 17)'
+  grep -q xla_mpi_ops.cc "$src/horovod/tensorflow/CMakeLists.txt" || { echo "build_horovod: xla_mpi_ops.cc line not found" >&2; exit 1; }
+  sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+  patch_file "$src/horovod/runner/mpi_run.py" \
+    "s/'-mca /'--mca /g; s/'-bind-to /'--bind-to /g; s/'-map-by /'--map-by /g; s/'-rank-by /'--rank-by /g" \
+    "\['--bind-to none', '--map-by slot'\]"
+  if grep -nE "'-(mca|bind-to|map-by|rank-by) " "$src/horovod/runner/mpi_run.py"; then
+    echo "build_horovod: single-dash OpenMPI options left in mpi_run.py" >&2; exit 1
+  fi
+
+  (cd "$src" && \
+    CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=${MAKEFLAGS:--j2} \
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_MXNET=1 \
+    "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" .)
+  mkdir -p "$cache_dir"
+  cp "$work"/dist/horovod-*.whl "$cache_dir/"
+  wheel=$(ls "$cache_dir"/horovod-*.whl | head -n 1)
+fi
+
+"$PY" -m pip install -q --force-reinstall --no-deps "$wheel"
+"$PY" -m pip install -q cloudpickle psutil pyyaml packaging
+
+bindir=$(dirname "$PY")
+report=$("$bindir/horovodrun" --check-build)
+echo "$report"
+for want in TensorFlow PyTorch MPI Gloo; do
+  grep -qF "[X] $want" <<<"$report" || { echo "build_horovod: Horovod was built without $want" >&2; exit 1; }
+done
