@@ -157,7 +157,7 @@ def _layer_options(cfg: Config, path: str, kind: str, raw: dict) -> dict[str, An
         if key not in raw:
             if default is _REQUIRED:
                 raise cfg.fail(path, f"{kind} needs option {key!r}")
-            out[key] = default
+            out[key] = default if default is None else _check_option(cfg, f"{path}.{key}", check, default)
             continue
         out[key] = _check_option(cfg, f"{path}.{key}", check, raw[key])
     return out

@@ -1,0 +1,51 @@
+"""`hvtrain` click group. Commands are thin: parse options, call one library function."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from hvtrain import __version__
+from hvtrain.errors import HvtrainError
+
+
+class _Group(click.Group):
+    """Maps HvtrainError to one line on stderr and its exit code (2): no traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except HvtrainError as exc:
+            _report_error(str(exc))
+            ctx.exit(exc.exit_code)
+
+
+def _report_error(message: str) -> None:
+    # Under a launcher every rank fails the same way on bad input: say it once.
+    rank = os.environ.get("HOROVOD_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
+    if rank in (None, "0"):
+        click.echo(f"hvtrain: error: {message}", err=True)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hvtrain")
+def cli() -> None:
+    """Train one experiment config under PyTorch or TensorFlow with Horovod."""
+
+
+def _register() -> None:
+    from hvtrain.cli import doctor, hosts, launch, train
+
+    cli.add_command(train.train)
+    cli.add_command(launch.launch)
+    cli.add_command(hosts.hosts)
+    cli.add_command(doctor.doctor)
+
+
+_register()
+
+
+def main() -> None:
+    sys.exit(cli.main(prog_name="hvtrain", standalone_mode=True))

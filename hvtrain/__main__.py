@@ -1,0 +1,3 @@
+from hvtrain.cli import main
+
+main()

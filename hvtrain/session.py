@@ -1,0 +1,62 @@
+"""Library entry points behind the CLI: validate everything, then train.
+
+All input checks (config, layers, dataset, shapes) run before Horovod or a framework is
+imported, so bad input fails fast with a located message and no rank starts training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hvtrain.config import Config, load_config
+from hvtrain.data import Dataset, load_dataset
+from hvtrain.dist import setting
+from hvtrain.spec import ModelSpec, build_spec, check_against_data
+
+
+@dataclass
+class Prepared:
+    cfg: Config
+    spec: ModelSpec | None
+    data: Dataset
+
+
+def prepare(config_path: str, backend: str | None = None, output_dir: str | None = None,
+            overrides: Sequence[str] = ()) -> Prepared:
+    """Load and check a config and its data. Raises HvtrainError subclasses on bad input."""
+    extra = list(overrides)
+    backend = setting(backend, "HVTRAIN_BACKEND")
+    output_dir = setting(output_dir, "HVTRAIN_OUTPUT_DIR")
+    if backend is not None:
+        extra.append(f"backend={backend}")
+    if output_dir is not None:
+        extra.append(f"output_dir={output_dir}")
+    cfg = load_config(config_path, extra)
+    spec = build_spec(cfg) if cfg.model.entrypoint is None else None
+    data = load_dataset(cfg, spec.input_shape if spec else _tuple(cfg.model.input_shape),
+                        spec.integer_input if spec else False)
+    if spec is not None:
+        check_against_data(cfg, spec, data.feature_shape, data.num_outputs)
+    return Prepared(cfg, spec, data)
+
+
+def train(config_path: str, backend: str | None = None, output_dir: str | None = None,
+          overrides: Sequence[str] = (), quiet: bool = False) -> dict[str, Any]:
+    from hvtrain.backend import get_backend
+    from hvtrain.output import Reporter
+    from hvtrain.trainer import fit
+
+    p = prepare(config_path, backend, output_dir, overrides)
+    engine = get_backend(p.cfg.backend)
+    info = engine.init(p.cfg)
+    try:
+        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet)
+        return fit(p.cfg, p.spec, p.data, engine, info, reporter)
+    finally:
+        engine.shutdown()
+
+
+def _tuple(shape: list[int] | None) -> tuple[int, ...] | None:
+    return tuple(shape) if shape else None
