@@ -299,6 +299,8 @@ def _check(cfg: Config) -> None:
     if m.input_shape is not None and (not m.input_shape or any(v < 1 for v in m.input_shape)):
         raise cfg.fail("model.input_shape", f"expected a list of positive integers, got {m.input_shape}")
     classification = cfg.loss in ("cross_entropy", "binary_cross_entropy")
+    if "metrics" not in cfg.lines and not classification:
+        cfg.metrics = ["mse", "mae"]  # the default [accuracy] is for classification losses
     for i, metric in enumerate(cfg.metrics):
         if metric == "accuracy" and not classification:
             raise cfg.fail(f"metrics[{i}]", f"accuracy needs a classification loss, got loss={cfg.loss!r}")

@@ -1,0 +1,60 @@
+"""Shared helpers. Multi-process tests run the real CLI under real launchers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    """A launcher from the venv, else PATH; fail loudly if missing (no skipping)."""
+    local = BIN / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} is required for this test but not installed (run `make setup`)")
+    return found
+
+
+def run_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.pop("HVTRAIN_BACKEND", None)
+    env.pop("HVTRAIN_OUTPUT_DIR", None)
+    return env
+
+
+def run(argv: list[str], timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{argv} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
+                             f"stderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def hvtrain(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hvtrain", *args]
+
+
+def load_weights(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) for k in a)
