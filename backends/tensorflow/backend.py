@@ -1,0 +1,236 @@
+"""TensorFlowBackend: TF 2 / Keras 3 under horovod.tensorflow, compiled (tf.function) steps.
+
+Horovod's TF helpers expect tf.Variables; Keras 3 variables wrap one in `.value`, so
+everything handed to Horovod is `[v.value for v in ...]`. Gradients are accumulated
+locally and reduced once per optimizer step with one grouped (fused) allreduce.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras  # noqa: E402
+from hvtrain.backend import Backend  # noqa: E402
+from hvtrain.config import Config  # noqa: E402
+from hvtrain.dist import (  # noqa: E402
+    ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env)
+from hvtrain.errors import ConfigError  # noqa: E402
+from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer  # noqa: E402
+
+from .model import build_model, keras_to_neutral, neutral_to_keras  # noqa: E402
+
+_POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+class TensorFlowBackend(Backend):
+    name = "tensorflow"
+
+    def __init__(self) -> None:
+        import horovod.tensorflow as hvd
+
+        self.hvd = hvd
+        self.model: keras.Model | None = None
+        self.spec: ModelSpec | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def init(self, cfg: Config) -> ProcessInfo:
+        os.environ.update(horovod_env(cfg.horovod.cycle_time_ms, cfg.horovod.fusion_threshold_mb))
+        threads = cfg.train.threads or default_threads(local_size_from_env())
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+        self.hvd.init()
+        size = self.hvd.size()
+        controller = "gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi"
+        self.info = ProcessInfo(self.hvd.rank(), size, self.hvd.local_rank(), self.hvd.local_size(),
+                                controller if size > 1 else "none")
+        return self.info
+
+    def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
+              num_outputs: int) -> None:
+        hvd = self.hvd
+        self.cfg, self.spec = cfg, spec
+        keras.utils.set_random_seed(cfg.seed)
+        policy = _POLICY.get(cfg.train.precision)
+        self.model = _entrypoint_model(cfg) if spec is None else build_model(spec, policy)
+        if weights is not None:
+            self.set_weights(weights)
+        keras.utils.set_random_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
+        self.optimizer = _optimizer(cfg)
+        if cfg.train.precision == "fp16":
+            self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
+        self.train_vars = self.model.trainable_variables
+        self.optimizer.build(self.train_vars)
+        if self.info.size > 1:
+            hvd.broadcast_variables([v.value for v in self.model.variables], root_rank=0)
+            hvd.broadcast_variables([v.value for v in self.optimizer.variables], root_rank=0)
+        self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.train_vars]
+        self.loss_acc = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.loss_fn = _LOSSES[cfg.loss]
+        self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
+        self.compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
+        self._compile()
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+    # -- compiled steps ----------------------------------------------------------------------
+    def _compile(self) -> None:
+        x_sig = tf.TensorSpec((None,) + self._input_shape(), tf.int64 if self._integer_input() else tf.float32)
+        y_dtype = tf.float32 if self.cfg.loss in ("mse", "mae") else tf.int64
+        y_sig = tf.TensorSpec(None, y_dtype)
+        w_sig = tf.TensorSpec((None,), tf.float32)
+        size = float(self.info.size)
+        scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+
+        def local_grads(x, y, w):
+            with tf.GradientTape() as tape:
+                out = tf.cast(self.model(x, training=True), tf.float32)
+                loss = tf.reduce_sum(self.loss_fn(out, y) * w)
+                total = loss * size  # Horovod averages; see hvtrain.data.Batch
+                if scaled:
+                    total = self.optimizer.scale_loss(total)
+            grads = tape.gradient(total, [v.value for v in self.train_vars])
+            self.loss_acc.assign_add(tf.cast(loss, tf.float64))
+            return grads
+
+        @tf.function(input_signature=[x_sig, y_sig, w_sig], reduce_retracing=True)
+        def accumulate(x, y, w):
+            for acc, g in zip(self.accum, local_grads(x, y, w)):
+                acc.assign_add(g)
+
+        @tf.function(input_signature=[x_sig, y_sig, w_sig], reduce_retracing=True)
+        def apply(x, y, w):
+            grads = [acc + g for acc, g in zip(self.accum, local_grads(x, y, w))]
+            if self.info.size > 1:
+                grads = self.hvd.grouped_allreduce(grads, op=self.hvd.Average, compression=self.compression,
+                                                   name="hvtrain.grads")
+            if self.l2:
+                grads = [g + self.l2 * v.value for g, v in zip(grads, self.train_vars)]
+            self.optimizer.apply(grads, self.train_vars)
+            for acc in self.accum:
+                acc.assign(tf.zeros_like(acc))
+
+        @tf.function(input_signature=[x_sig], reduce_retracing=True)
+        def forward(x):
+            return tf.cast(self.model(x, training=False), tf.float32)
+
+        self._accumulate, self._apply, self._forward = accumulate, apply, forward
+
+    def _input_shape(self) -> tuple:
+        if self.spec is not None:
+            return tuple(self.spec.input_shape)
+        if self.cfg.model.input_shape:
+            return tuple(self.cfg.model.input_shape)
+        return tuple(self.model.inputs[0].shape[1:])
+
+    def _integer_input(self) -> bool:
+        if self.spec is not None:
+            return self.spec.integer_input
+        return self.model.inputs is not None and "int" in str(self.model.inputs[0].dtype)
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.learning_rate.assign(lr)
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> None:
+        (self._apply if apply else self._accumulate)(x, y, weights)
+
+    def loss_sum(self, reset: bool = False) -> float:
+        value = float(self.loss_acc.numpy())
+        if reset:
+            self.loss_acc.assign(0.0)
+        return value
+
+    def eval_batch(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        out = self._forward(x).numpy()
+        loss = float(np.sum(self.loss_fn(tf.constant(out), tf.constant(y)).numpy()))
+        correct = sq = ab = 0.0
+        if self.cfg.loss == "cross_entropy":
+            correct = float(np.sum(out.argmax(axis=1) == y))
+        elif self.cfg.loss == "binary_cross_entropy":
+            correct = float(np.sum((out[:, 0] > 0).astype(np.int64) == y))
+        else:
+            diff = out - y
+            sq, ab = float(np.sum(np.mean(diff ** 2, axis=1))), float(np.sum(np.mean(np.abs(diff), axis=1)))
+        return np.array([loss, correct, sq, ab], np.float64)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self._forward(x).numpy()
+
+    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
+        if self.info.size == 1:
+            return values
+        t = tf.constant(np.ascontiguousarray(values, np.float64))
+        return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
+
+    # -- weights ---------------------------------------------------------------------------
+    def get_weights(self) -> dict[str, np.ndarray]:
+        if self.spec is None:
+            return {v.path: np.array(v.numpy()) for v in self.model.variables}
+        return from_layers(self.spec, [keras_to_neutral(layer, kl)
+                                       for layer, kl in zip(self.spec.layers, self.model.layers)])
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        if self.spec is None:
+            by_path = {v.path: v for v in self.model.variables}
+            for name, value in weights.items():
+                by_path[name].assign(value)
+            return
+        check_weights(self.spec, weights, "weights")
+        for layer, kl, w in zip(self.spec.layers, self.model.layers, per_layer(self.spec, weights)):
+            neutral_to_keras(layer, kl, w)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _ce(out, y):
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out)
+
+
+def _bce(out, y):
+    return tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.cast(y, out.dtype), logits=out[:, 0])
+
+
+def _mse(out, y):
+    return tf.reduce_mean(tf.square(out - y), axis=1)
+
+
+def _mae(out, y):
+    return tf.reduce_mean(tf.abs(out - y), axis=1)
+
+
+_LOSSES = {"cross_entropy": _ce, "binary_cross_entropy": _bce, "mse": _mse, "mae": _mae}
+
+
+def _optimizer(cfg: Config) -> keras.optimizers.Optimizer:
+    """Same semantics as the torch backend: weight_decay is L2 (added to the gradient) except
+    for adamw, where it is decoupled."""
+    o = cfg.optimizer
+    if o.name == "sgd":
+        return keras.optimizers.SGD(o.lr, momentum=o.momentum, nesterov=o.nesterov)
+    if o.name == "adam":
+        return keras.optimizers.Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
+    if o.name == "adamw":
+        return keras.optimizers.AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1],
+                                      epsilon=o.eps)
+    return keras.optimizers.RMSprop(o.lr, rho=o.rho, momentum=o.momentum, epsilon=o.eps)
+
+
+def _entrypoint_model(cfg: Config) -> keras.Model:
+    """Import the configured `package.module:function` (the only user code hvtrain imports)."""
+    module_name, _, func_name = cfg.model.entrypoint.partition(":")
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as exc:
+        raise cfg.fail("model.entrypoint", f"cannot import {cfg.model.entrypoint!r}: {exc}") from None
+    model = func(**cfg.model.kwargs)
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"{cfg.where('model.entrypoint')}: model.entrypoint: expected the function to return "
+                          f"a keras.Model for backend tensorflow, got {type(model).__name__}")
+    return model
