@@ -19,14 +19,15 @@ from hvtrain.dist import ProcessInfo
 
 
 class Reporter:
-    def __init__(self, info: ProcessInfo, out_dir: Path, quiet: bool = False):
+    def __init__(self, info: ProcessInfo, out_dir: Path, quiet: bool = False, keep_metrics: bool = False):
         self.info = info
         self.out_dir = Path(out_dir)
         self.enabled = info.is_main
         self.quiet = quiet
         if self.enabled:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
+            if not keep_metrics:  # a new training run starts a new metrics file
+                (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
 
     def print(self, message: str) -> None:
         if self.enabled and not self.quiet:

@@ -10,10 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from hvtrain.config import Config, load_config
 from hvtrain.data import Dataset, load_dataset
 from hvtrain.dist import setting
-from hvtrain.spec import ModelSpec, build_spec, check_against_data
+from hvtrain.errors import DataError
+from hvtrain.spec import ModelSpec, build_spec, check_against_data, check_weights
 
 
 @dataclass
@@ -56,6 +59,45 @@ def train(config_path: str, backend: str | None = None, output_dir: str | None =
         return fit(p.cfg, p.spec, p.data, engine, info, reporter)
     finally:
         engine.shutdown()
+
+
+def evaluate(config_path: str, weights_path: str, backend: str | None = None, output_dir: str | None = None,
+             overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Validation metrics of saved weights (any backend's), reduced across ranks; writes eval.json."""
+    from hvtrain.backend import get_backend
+    from hvtrain.output import Reporter
+    from hvtrain.trainer import evaluate as run_eval
+
+    p = prepare(config_path, backend, output_dir, overrides)
+    weights = load_weights(weights_path)
+    if p.spec is not None:
+        check_weights(p.spec, weights, weights_path)
+    engine = get_backend(p.cfg.backend)
+    info = engine.init(p.cfg)
+    try:
+        engine.build(p.cfg, p.spec, weights, p.data.num_outputs)
+        metrics = run_eval(p.cfg, p.data, engine, info)
+        result = {"config": config_path, "weights": weights_path, "backend": p.cfg.backend,
+                  "world_size": info.size, **{f"val_{k}": v for k, v in metrics.items()}}
+        reporter = Reporter(info, p.cfg.out_dir, keep_metrics=True)
+        reporter.write_json("eval.json", result)
+        reporter.print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+        return result
+    finally:
+        engine.shutdown()
+
+
+def load_weights(path: str) -> dict[str, np.ndarray]:
+    """A safetensors file (never pickle: loading cannot run code)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: weights file not found") from None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable safetensors file ({exc})") from None
 
 
 def _tuple(shape: list[int] | None) -> tuple[int, ...] | None:

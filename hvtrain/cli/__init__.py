@@ -36,9 +36,10 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from hvtrain.cli import doctor, hosts, launch, train
+    from hvtrain.cli import doctor, evaluate, hosts, launch, train
 
     cli.add_command(train.train)
+    cli.add_command(evaluate.evaluate)
     cli.add_command(launch.launch)
     cli.add_command(hosts.hosts)
     cli.add_command(doctor.doctor)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
 
-BACKENDS = ["torch"]
+BACKENDS = ["torch", "tensorflow"]
 EQUIV = "tests/configs/equiv_mlp.yaml"
 
 
@@ -92,6 +92,31 @@ def test_examples_reach_accuracy_on_two_ranks_rank0_output_only(tmp_path, backen
     assert {"train_loss", "val_loss", "val_accuracy", "samples_per_sec", "world_size"} <= set(records[0])
     assert proc.stdout.count("epoch 1/") == 1  # printed once, by rank 0
     assert sorted(p.name for p in out.iterdir()) == ["final.safetensors", "metrics.jsonl", "summary.json"]
+
+
+@pytest.mark.parametrize("backend,entrypoint", [("torch", "torch_mlp"), ("tensorflow", "keras_mlp")])
+def test_native_entrypoint_trains_data_parallel(tmp_path, backend, entrypoint):
+    out = tmp_path / "run"
+    run(horovodrun("train", "tests/configs/entrypoint.yaml", "--backend", backend, "--output-dir", str(out),
+                   "--set", f"model.entrypoint=tests.fixtures.native_models:{entrypoint}"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["val_accuracy"] >= 0.9, summary
+    weights = load_weights(out / "final.safetensors")
+    assert sum(v.size for v in weights.values()) == 64 * 48 + 48 + 48 * 10 + 10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_options_fp16_compression_accumulation_scale_lr_low_precision(tmp_path, backend):
+    """Every training option runs on 2 ranks and still learns (bf16 and fp16 loss scaling too)."""
+    for precision in ("bf16", "fp16"):
+        out = tmp_path / precision
+        run(horovodrun("train", "examples/digits_mlp.yaml", "--backend", backend, "--output-dir", str(out),
+                       "--quiet", "--set", "train.compression=fp16", "--set", "train.grad_accumulation=2",
+                       "--set", f"train.precision={precision}", "--set", "optimizer.scale_lr=true",
+                       "--set", "optimizer.warmup_epochs=1", "--set", "train.epochs=6"))
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert records[0]["lr"] == pytest.approx(0.1)  # 0.05 x 2 ranks once warmed up
+        assert records[-1]["val_accuracy"] >= 0.9, (precision, records[-1])
 
 
 def test_bad_config_under_launcher_fails_fast_with_one_line(tmp_path):

@@ -107,3 +107,18 @@ assert not heavy, heavy
 def test_login_node_commands_import_no_framework(args):
     proc = subprocess.run([sys.executable, "-c", LIGHT, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_evaluate_rejects_mismatched_weights_in_one_line(tmp_path):
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    w = tmp_path / "w.safetensors"
+    save_file({"layers.0.kernel": np.zeros((3, 3), np.float32)}, str(w))
+    r = invoke("evaluate", str(ROOT / "examples/digits_mlp.yaml"), "--weights", str(w))
+    assert r.exit_code == 2
+    assert r.output == (f"hvtrain: error: {w}: weight 'layers.0.kernel' has shape [3, 3], the config's model "
+                        "needs [64, 128]\n")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 20)
+    r = invoke("evaluate", str(ROOT / "examples/digits_mlp.yaml"), "--weights", str(tmp_path / "junk.safetensors"))
+    assert r.exit_code == 2 and "not a readable safetensors file" in r.output and len(r.output.splitlines()) == 1
