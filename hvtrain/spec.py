@@ -267,7 +267,7 @@ def _infer(cfg: Config, path: str, i: int, kind: str, o: dict, shape: tuple[int,
 
 def _spatial(cfg: Config, path: str, shape, kernel, strides, padding) -> tuple[int, int]:
     out = []
-    for size, k, s in zip(shape[:2], kernel, strides):
+    for size, k, s in zip(shape[:2], kernel, strides, strict=True):
         n = size if padding == "same" else (size - k) // s + 1
         if n < 1:
             raise cfg.fail(path, f"window {list(kernel)} does not fit input {list(shape[:2])}")

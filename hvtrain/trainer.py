@@ -88,7 +88,8 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
                 bar.update()
                 if reporter.enabled and step % cfg.train.log_every == 0:
                     done = step - epoch * n_steps
-                    bar.set_postfix_str(f"loss~{backend.loss_sum() * info.size / done:.4f}")
+                    rate = done * b * acc * info.size / (time.perf_counter() - started)
+                    bar.set_postfix_str(f"loss~{backend.loss_sum() * info.size / done:.4f} {rate:,.0f} samples/s")
         bar.close()
         train_seconds = time.perf_counter() - started
         val = evaluate(cfg, data, backend, info, extra=[backend.loss_sum()])

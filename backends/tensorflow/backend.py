@@ -12,14 +12,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import keras  # noqa: E402
 from hvtrain.backend import Backend  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
-from hvtrain.dist import (  # noqa: E402
-    ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env)
+from hvtrain.dist import ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env  # noqa: E402
 from hvtrain.errors import ConfigError  # noqa: E402
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer  # noqa: E402
 
@@ -101,17 +100,17 @@ class TensorFlowBackend(Backend):
 
         @tf.function(input_signature=[x_sig, y_sig, w_sig], reduce_retracing=True)
         def accumulate(x, y, w):
-            for acc, g in zip(self.accum, local_grads(x, y, w)):
+            for acc, g in zip(self.accum, local_grads(x, y, w), strict=True):
                 acc.assign_add(g)
 
         @tf.function(input_signature=[x_sig, y_sig, w_sig], reduce_retracing=True)
         def apply(x, y, w):
-            grads = [acc + g for acc, g in zip(self.accum, local_grads(x, y, w))]
+            grads = [acc + g for acc, g in zip(self.accum, local_grads(x, y, w), strict=True)]
             if self.info.size > 1:
                 grads = self.hvd.grouped_allreduce(grads, op=self.hvd.Average, compression=self.compression,
                                                    name="hvtrain.grads")
             if self.l2:
-                grads = [g + self.l2 * v.value for g, v in zip(grads, self.train_vars)]
+                grads = [g + self.l2 * v.value for g, v in zip(grads, self.train_vars, strict=True)]
             self.optimizer.apply(grads, self.train_vars)
             for acc in self.accum:
                 acc.assign(tf.zeros_like(acc))
@@ -173,7 +172,7 @@ class TensorFlowBackend(Backend):
         if self.spec is None:
             return {v.path: np.array(v.numpy()) for v in self.model.variables}
         return from_layers(self.spec, [keras_to_neutral(layer, kl)
-                                       for layer, kl in zip(self.spec.layers, self.model.layers)])
+                                       for layer, kl in zip(self.spec.layers, self.model.layers, strict=True)])
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         if self.spec is None:
@@ -182,7 +181,7 @@ class TensorFlowBackend(Backend):
                 by_path[name].assign(value)
             return
         check_weights(self.spec, weights, "weights")
-        for layer, kl, w in zip(self.spec.layers, self.model.layers, per_layer(self.spec, weights)):
+        for layer, kl, w in zip(self.spec.layers, self.model.layers, per_layer(self.spec, weights), strict=True):
             neutral_to_keras(layer, kl, w)
 
 

@@ -7,8 +7,8 @@ shapes checked.
 
 from __future__ import annotations
 
-import numpy as np
 import keras
+import numpy as np
 
 from hvtrain.spec import LayerSpec, ModelSpec
 
@@ -56,10 +56,10 @@ def neutral_to_keras(layer: LayerSpec, keras_layer: keras.layers.Layer, w: dict[
     if [tuple(v.shape) for v in current] != [tuple(v.shape) for v in values]:
         raise AssertionError(f"layer {layer.index} ({layer.type}): keras shapes "
                              f"{[tuple(v.shape) for v in current]} != neutral {[v.shape for v in values]}")
-    for var, value in zip(current, values):
+    for var, value in zip(current, values, strict=True):
         var.assign(value)
 
 
 def keras_to_neutral(layer: LayerSpec, keras_layer: keras.layers.Layer) -> dict[str, np.ndarray]:
     names = [spec.name.rsplit(".", 1)[1] for spec in layer.weights]
-    return {n: np.array(v.numpy(), np.float32) for n, v in zip(names, keras_layer.weights)}
+    return {n: np.array(v.numpy(), np.float32) for n, v in zip(names, keras_layer.weights, strict=True)}

@@ -159,7 +159,7 @@ class TorchBackend(Backend):
             return
         check_weights(self.spec, weights, "weights")
         native = {}
-        for layer, w in zip(self.spec.layers, per_layer(self.spec, weights)):
+        for layer, w in zip(self.spec.layers, per_layer(self.spec, weights), strict=True):
             for k, v in neutral_to_torch(layer, w).items():
                 native[f"{layer.index}.{k}"] = torch.from_numpy(np.ascontiguousarray(v, np.float32))
         missing, unexpected = self.model.load_state_dict(native, strict=False)

@@ -5,8 +5,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from mpi4py import MPI  # noqa: E402,F401
 import pytest  # noqa: E402
+from mpi4py import MPI  # noqa: E402,F401
 
 from hvtrain.backend import BACKENDS, get_backend  # noqa: E402
 from hvtrain.session import prepare  # noqa: E402

@@ -13,7 +13,7 @@ MODELS = ["mlp", "cnn", "lstm", "gru"]
 
 
 def both(model: str):
-    cfg = f"tests/configs/parity_{model}.yaml"
+    cfg = f"tests/configs/{model if model.startswith('catalogue') else 'parity_' + model}.yaml"
     return make_backend("torch", cfg), make_backend("tensorflow", cfg)
 
 
@@ -60,3 +60,18 @@ def test_dense_layout_matches_numpy_reference():
     ref = h @ w["layers.2.kernel"] + w["layers.2.bias"]
     for engine in (pt, tf):
         assert np.abs(engine.predict(p.data.x_val[:16]) - ref).max() <= 1e-5
+
+
+@pytest.mark.parametrize("config", ["catalogue_image", "catalogue_tokens"])
+def test_whole_catalogue_builds_agrees_and_trains(config):
+    (pt, p), (tf, _) = both(config)
+    x = p.data.x_val[:40]
+    assert np.abs(pt.predict(x) - tf.predict(x)).max() <= 1e-5  # eval mode: dropout off, BN moving stats
+    for engine in (pt, tf):
+        before = engine.get_weights()
+        engine.loss_sum(reset=True)
+        engine.train_step(p.data.x_train[:32], p.data.y_train[:32], np.full(32, 1 / 32, np.float32), True)
+        assert np.isfinite(engine.loss_sum())
+        after = engine.get_weights()
+        moved = [k for k in before if not np.array_equal(before[k], after[k])]
+        assert len(moved) >= len([w for w in p.spec.weight_specs() if w.trainable]), moved

@@ -79,6 +79,19 @@ def test_launchers_give_the_same_weights(equiv_runs):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_tail_with_an_empty_rank_share_never_hangs_and_stays_exact(tmp_path, backend):
+    """1409 training samples = 22 x 64 + 1: in the last step rank 1 has no sample of its own."""
+    split = ["--set", "data.validation_split=0.2159", "--backend", backend, "--quiet"]
+    run(hvtrain("train", EQUIV, "--set", "data.batch_size=64", "--output-dir", str(tmp_path / "one"), *split))
+    run(horovodrun("train", EQUIV, "--output-dir", str(tmp_path / "two"), *split), timeout=180)
+    one = json.loads((tmp_path / "one/summary.json").read_text())
+    assert one["val_samples"] == 1797 - 1409
+    diff = max_abs_diff(load_weights(tmp_path / "one/final.safetensors"),
+                        load_weights(tmp_path / "two/final.safetensors"))
+    assert diff <= 1e-5, diff
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("example", ["digits_mlp", "digits_cnn"])
 def test_examples_reach_accuracy_on_two_ranks_rank0_output_only(tmp_path, backend, example):
     out = tmp_path / "run"

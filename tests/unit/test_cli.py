@@ -110,8 +110,8 @@ def test_login_node_commands_import_no_framework(args):
 
 
 def test_evaluate_rejects_mismatched_weights_in_one_line(tmp_path):
-    from safetensors.numpy import save_file
     import numpy as np
+    from safetensors.numpy import save_file
 
     w = tmp_path / "w.safetensors"
     save_file({"layers.0.kernel": np.zeros((3, 3), np.float32)}, str(w))

@@ -4,7 +4,13 @@ import pytest
 
 from hvtrain.errors import HostfileError
 from hvtrain.launch.hostfile import (
-    HostSlots, parse_hostfile, parse_hosts, render_host_list, render_hostfile, total_slots)
+    HostSlots,
+    parse_hostfile,
+    parse_hosts,
+    render_host_list,
+    render_hostfile,
+    total_slots,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
