@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hvtrain.config import Config
 from hvtrain.dist import ProcessInfo
 from hvtrain.errors import BackendUnavailable
+from hvtrain.placement.plan import PipelinePlan, Stage
+from hvtrain.placement.stage import StageEngine
 from hvtrain.spec import ModelSpec
 
 # name -> "module:Class"; modules are imported only when chosen.
@@ -34,8 +36,11 @@ class Backend(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def init(self, cfg: Config) -> ProcessInfo:
-        """Initialise Horovod (and the framework's threads); return who this process is."""
+    def init(self, cfg: Config, comm: Any = None, groups: list[list[int]] | None = None) -> ProcessInfo:
+        """Initialise Horovod (and the framework's threads); return who this process is.
+
+        `comm` (an mpi4py communicator) makes Horovod share MPI with mpi4py (pipelines);
+        `groups` are Horovod process sets (each pipeline stage's data-parallel ranks)."""
 
     @abstractmethod
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
@@ -76,6 +81,15 @@ class Backend(ABC):
     @abstractmethod
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Load neutral-layout weights; names and shapes must match the model."""
+
+    @abstractmethod
+    def local_gpus(self) -> int:
+        """GPUs this framework sees on this host (device checks for pipeline placement)."""
+
+    @abstractmethod
+    def build_stage(self, cfg: Config, spec: ModelSpec, stage: Stage, plan: PipelinePlan,
+                    weights: dict[str, np.ndarray]) -> StageEngine:
+        """One pipeline stage holding only its layers and their optimizer state."""
 
     @abstractmethod
     def shutdown(self) -> None:

@@ -74,6 +74,22 @@ class HorovodConfig:
 
 
 @dataclass
+class PipelineConfig:
+    stages: int = 1
+    micro_batches: int = 1
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    # {stage: [first_layer, last_layer]} (inclusive), or "auto" (balance parameter counts);
+    # per-layer `stage: N` keys are the third way.
+    placement: dict | str = "auto"
+    devices: dict = field(default_factory=dict)  # {stage: "cpu" | "cuda:N" | "/GPU:N"}
+
+
+@dataclass
+class ParallelConfig:
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+
+
+@dataclass
 class Config:
     name: str
     data: DataConfig
@@ -85,6 +101,7 @@ class Config:
     metrics: list[Literal["accuracy", "mse", "mae"]] = field(default_factory=lambda: ["accuracy"])
     train: TrainConfig = field(default_factory=TrainConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     output_dir: str | None = None  # default: runs/<name>
 
     # Not config keys: where the config came from, for error locations.
@@ -108,6 +125,10 @@ class Config:
     @property
     def out_dir(self) -> Path:
         return Path(self.output_dir or f"runs/{self.name}")
+
+    @property
+    def pipelined(self) -> bool:
+        return self.parallel.pipeline.stages > 1
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data (what was trained), without the internal fields."""

@@ -52,11 +52,41 @@ def train(config_path: str, backend: str | None = None, output_dir: str | None =
     from hvtrain.trainer import fit
 
     p = prepare(config_path, backend, output_dir, overrides)
+    if p.cfg.pipelined:
+        return _train_pipeline(p, quiet)
     engine = get_backend(p.cfg.backend)
     info = engine.init(p.cfg)
     try:
         reporter = Reporter(info, p.cfg.out_dir, quiet=quiet)
         return fit(p.cfg, p.spec, p.data, engine, info, reporter)
+    finally:
+        engine.shutdown()
+
+
+def _train_pipeline(p: Prepared, quiet: bool) -> dict[str, Any]:
+    """Pipeline / hybrid run: MPI world shared by mpi4py (activations) and Horovod (gradients)."""
+    from hvtrain.backend import get_backend
+    from hvtrain.dist import launched_with_gloo
+    from hvtrain.output import Reporter
+    from hvtrain.placement.plan import make_plan
+
+    if launched_with_gloo():
+        raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
+                         "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    engine = get_backend(p.cfg.backend)
+    plan = make_plan(p.cfg, p.spec, comm.Get_size(), {"gpu": engine.local_gpus()})
+    from hvtrain.placement.runner import fit_pipeline
+
+    groups = [plan.dp_group(s) for s in range(plan.num_stages)] if plan.replicas > 1 else None
+    info = engine.init(p.cfg, comm=comm, groups=groups)
+    try:
+        stage = plan.stages[plan.stage_of(info.rank)]
+        stage_engine = engine.build_stage(p.cfg, p.spec, stage, plan, p.spec.init_weights(p.cfg.seed))
+        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet)
+        return fit_pipeline(p.cfg, p.spec, p.data, stage_engine, plan, info, reporter, comm)
     finally:
         engine.shutdown()
 

@@ -65,6 +65,7 @@ class LayerSpec:
     input_shape: tuple[int, ...]  # without the batch axis
     output_shape: tuple[int, ...]
     weights: tuple[WeightSpec, ...] = ()
+    stage: int | None = None  # a `stage: N` key on the layer (pipeline placement)
 
     @property
     def param_count(self) -> int:
@@ -119,9 +120,12 @@ def build_spec(cfg: Config) -> ModelSpec:
         if kind not in LAYER_OPTIONS:
             raise cfg.fail(f"{path}.type" if "type" in raw else path,
                            f"unknown layer type {kind!r}; expected one of {', '.join(LAYER_OPTIONS)}")
-        options = _layer_options(cfg, path, kind, raw)
+        stage = raw.get("stage")
+        if stage is not None and (not isinstance(stage, int) or isinstance(stage, bool) or stage < 0):
+            raise cfg.fail(f"{path}.stage", f"expected a stage number >= 0, got {stage!r}")
+        options = _layer_options(cfg, path, kind, {k: v for k, v in raw.items() if k != "stage"})
         out_shape, weights = _infer(cfg, path, i, kind, options, shape)
-        spec.layers.append(LayerSpec(i, kind, options, shape, out_shape, tuple(weights)))
+        spec.layers.append(LayerSpec(i, kind, options, shape, out_shape, tuple(weights), stage))
         shape = out_shape
     return spec
 
@@ -152,7 +156,7 @@ def _layer_options(cfg: Config, path: str, kind: str, raw: dict) -> dict[str, An
     for key in raw:
         if key != "type" and key not in schema:
             allowed = ", ".join(schema) or "no options"
-            raise cfg.fail(f"{path}.{key}", f"unknown option for {kind}; expected {allowed}")
+            raise cfg.fail(f"{path}.{key}", f"unknown option for {kind}; expected {allowed} (or stage)")
     for key, (check, default) in schema.items():
         if key not in raw:
             if default is _REQUIRED:

@@ -100,7 +100,7 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
                   **{f"val_{k}": v for k, v in val.items()},
                   "samples_per_sec": result.samples_per_sec, "lr": current_lr, "world_size": info.size}
         reporter.append_metrics(record)
-        reporter.print(_epoch_line(cfg, result))
+        reporter.print(epoch_line(cfg, result))
 
     weights = backend.get_weights()
     reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, spec))
@@ -153,7 +153,7 @@ def weight_metadata(cfg: Config, spec: ModelSpec | None) -> dict[str, str]:
     }
 
 
-def _epoch_line(cfg: Config, r: EpochResult) -> str:
+def epoch_line(cfg: Config, r: EpochResult) -> str:
     metrics = " ".join(f"val_{k}={v:.4f}" for k, v in r.val.items() if k != "samples")
     return (f"epoch {r.epoch}/{cfg.train.epochs} train_loss={r.train_loss:.4f} {metrics} "
             f"{r.samples_per_sec:,.0f} samples/s {r.seconds:.2f}s")

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import Any
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from hvtrain.backend import Backend
 from hvtrain.config import Config
 from hvtrain.dist import ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env
 from hvtrain.errors import ConfigError
+from hvtrain.placement.plan import PipelinePlan, Stage
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer
 
 from .model import build_module, neutral_to_torch, torch_to_neutral
+from .ops import LOSSES, eval_sums, make_optimizer
+from .stage import TorchStage
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -32,10 +35,11 @@ class TorchBackend(Backend):
         self._loss_acc = torch.zeros((), dtype=torch.float64)
 
     # -- lifecycle -------------------------------------------------------------------------
-    def init(self, cfg: Config) -> ProcessInfo:
+    def init(self, cfg: Config, comm: Any = None, groups: list[list[int]] | None = None) -> ProcessInfo:
         os.environ.update(horovod_env(cfg.horovod.cycle_time_ms, cfg.horovod.fusion_threshold_mb))
         torch.set_num_threads(cfg.train.threads or default_threads(local_size_from_env()))
-        self.hvd.init()
+        self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
+        self.hvd.init(comm=comm, process_sets=self.process_sets or None)
         size = self.hvd.size()
         controller = "gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi"
         self.info = ProcessInfo(self.hvd.rank(), size, self.hvd.local_rank(), self.hvd.local_size(),
@@ -51,7 +55,7 @@ class TorchBackend(Backend):
         if weights is not None:
             self.set_weights(weights)
         torch.manual_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
-        self.optimizer = _optimizer(cfg, self.model)
+        self.optimizer = make_optimizer(cfg, self.model)
         if self.info.size > 1:
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
@@ -61,11 +65,19 @@ class TorchBackend(Backend):
                 backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average)
         self.autocast = _AUTOCAST.get(cfg.train.precision)
         self.scaler = torch.amp.GradScaler("cpu") if cfg.train.precision == "fp16" else None
-        self.loss_fn = _LOSSES[cfg.loss]
+        self.loss_fn = LOSSES[cfg.loss]
         self.model.train()
 
     def shutdown(self) -> None:
         self.hvd.shutdown()
+
+    def local_gpus(self) -> int:
+        return torch.cuda.device_count()
+
+    def build_stage(self, cfg: Config, spec: ModelSpec, stage: Stage, plan: PipelinePlan,
+                    weights: dict[str, np.ndarray]) -> TorchStage:
+        ps = self.process_sets[stage.index] if plan.replicas > 1 else None
+        return TorchStage(self.hvd, cfg, spec, stage, plan.replicas, weights, ps)
 
     # -- steps -----------------------------------------------------------------------------
     def set_lr(self, lr: float) -> None:
@@ -113,17 +125,7 @@ class TorchBackend(Backend):
             out = self.model(torch.from_numpy(x)).float()
         finally:
             self.model.train()
-        yt = torch.from_numpy(y)
-        loss = self.loss_fn(out, yt).sum().item()
-        correct = sq = ab = 0.0
-        if self.cfg.loss == "cross_entropy":
-            correct = (out.argmax(dim=1) == yt).sum().item()
-        elif self.cfg.loss == "binary_cross_entropy":
-            correct = ((out[:, 0] > 0).long() == yt).sum().item()
-        else:
-            diff = out - yt
-            sq, ab = diff.pow(2).mean(dim=1).sum().item(), diff.abs().mean(dim=1).sum().item()
-        return np.array([loss, correct, sq, ab], np.float64)
+        return eval_sums(self.cfg.loss, out, torch.from_numpy(y))
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -169,38 +171,6 @@ class TorchBackend(Backend):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(out, y, reduction="none")
-
-
-def _bce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.binary_cross_entropy_with_logits(out[:, 0], y.to(out.dtype), reduction="none")
-
-
-def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return (out - y).pow(2).mean(dim=1)
-
-
-def _mae(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return (out - y).abs().mean(dim=1)
-
-
-_LOSSES = {"cross_entropy": _ce, "binary_cross_entropy": _bce, "mse": _mse, "mae": _mae}
-
-
-def _optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    o = cfg.optimizer
-    params = [p for p in model.parameters() if p.requires_grad]
-    if o.name == "sgd":
-        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
-                               weight_decay=o.weight_decay)
-    if o.name in ("adam", "adamw"):
-        cls = torch.optim.Adam if o.name == "adam" else torch.optim.AdamW
-        return cls(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-    return torch.optim.RMSprop(params, lr=o.lr, alpha=o.rho, eps=o.eps, momentum=o.momentum,
-                               weight_decay=o.weight_decay)
 
 
 def _entrypoint_model(cfg: Config) -> torch.nn.Module:

@@ -100,10 +100,10 @@ class Recurrent(nn.Module):
 
 
 def build_module(spec: ModelSpec) -> nn.Sequential:
-    return nn.Sequential(*[_layer(layer) for layer in spec.layers])
+    return nn.Sequential(*[build_layer(layer) for layer in spec.layers])
 
 
-def _layer(layer: LayerSpec) -> nn.Module:
+def build_layer(layer: LayerSpec) -> nn.Module:
     o, shape = layer.options, layer.input_shape
     kind = layer.type
     if kind == "dense":

@@ -36,13 +36,14 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from hvtrain.cli import doctor, evaluate, hosts, launch, train
+    from hvtrain.cli import doctor, evaluate, hosts, launch, plan, train
 
     cli.add_command(train.train)
     cli.add_command(evaluate.evaluate)
     cli.add_command(launch.launch)
     cli.add_command(hosts.hosts)
     cli.add_command(doctor.doctor)
+    cli.add_command(plan.plan)
 
 
 _register()

@@ -1,0 +1,55 @@
+"""Losses (per sample) and optimizers, shared by the data-parallel model and pipeline stages."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from hvtrain.config import Config
+
+
+def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def _bce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(out[:, 0], y.to(out.dtype), reduction="none")
+
+
+def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (out - y).pow(2).mean(dim=1)
+
+
+def _mae(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (out - y).abs().mean(dim=1)
+
+
+LOSSES = {"cross_entropy": _ce, "binary_cross_entropy": _bce, "mse": _mse, "mae": _mae}
+
+
+def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optimizer
+    params = [p for p in model.parameters() if p.requires_grad]
+    if o.name == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
+                               weight_decay=o.weight_decay)
+    if o.name in ("adam", "adamw"):
+        cls = torch.optim.Adam if o.name == "adam" else torch.optim.AdamW
+        return cls(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    return torch.optim.RMSprop(params, lr=o.lr, alpha=o.rho, eps=o.eps, momentum=o.momentum,
+                               weight_decay=o.weight_decay)
+
+
+def eval_sums(loss: str, out: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """[loss, correct, squared error, absolute error] summed over a batch of outputs."""
+    total = LOSSES[loss](out, y).sum().item()
+    correct = sq = ab = 0.0
+    if loss == "cross_entropy":
+        correct = (out.argmax(dim=1) == y).sum().item()
+    elif loss == "binary_cross_entropy":
+        correct = ((out[:, 0] > 0).long() == y).sum().item()
+    else:
+        diff = out - y
+        sq, ab = diff.pow(2).mean(dim=1).sum().item(), diff.abs().mean(dim=1).sum().item()
+    return np.array([total, correct, sq, ab], np.float64)

@@ -1,0 +1,1 @@
+"""Model parallelism: layer -> stage -> rank plans and pipeline schedules (framework-neutral)."""

@@ -1,0 +1,229 @@
+"""Layer -> stage -> rank plan for pipeline (and hybrid data x pipeline) parallelism.
+
+Rank layout: world = D replicas x S stages, pipeline-major. Rank r is stage r % S of
+replica r // S, so one pipeline's stages are consecutive ranks (on one node when slots
+allow: activations stay local) and stage s's data-parallel group is {s, S+s, 2S+s, ...}.
+
+    np=4, S=2:   replica 0: rank 0 (stage 0) -> rank 1 (stage 1)
+                 replica 1: rank 2 (stage 0) -> rank 3 (stage 1)
+                 allreduce groups: stage 0 {0, 2}, stage 1 {1, 3}
+
+`placement: auto` splits layers into S contiguous stages balancing trainable parameter
+counts: stage boundaries are placed where the running parameter total first reaches
+k/S of the whole (k = 1..S-1), keeping at least one layer per stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hvtrain.config import Config
+from hvtrain.placement.schedule import bubble_fraction, peak_in_flight, stage_ops
+from hvtrain.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    first: int  # layer indices, inclusive
+    last: int
+    params: int
+    out_shape: tuple[int, ...]
+    device: str
+
+    @property
+    def layers(self) -> range:
+        return range(self.first, self.last + 1)
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    stages: tuple[Stage, ...]
+    replicas: int
+    micro_batches: int
+    schedule: str
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def world_size(self) -> int:
+        return self.replicas * self.num_stages
+
+    def stage_of(self, rank: int) -> int:
+        return rank % self.num_stages
+
+    def replica_of(self, rank: int) -> int:
+        return rank // self.num_stages
+
+    def rank_of(self, replica: int, stage: int) -> int:
+        return replica * self.num_stages + stage
+
+    def dp_group(self, stage: int) -> list[int]:
+        return [self.rank_of(d, stage) for d in range(self.replicas)]
+
+    def peak_micro_batches(self, stage: int) -> int:
+        return peak_in_flight(stage_ops(self.schedule, self.num_stages, stage, self.micro_batches))
+
+    @property
+    def bubble(self) -> float:
+        return bubble_fraction(self.num_stages, self.micro_batches)
+
+
+def make_plan(cfg: Config, spec: ModelSpec | None, world_size: int, local_devices: dict[str, int] | None = None
+              ) -> PipelinePlan:
+    """Validate the pipeline section against the model and world size.
+
+    Raises:
+        ConfigError: np not divisible by S, placement gaps/overlaps/empty stages, a native
+            entrypoint model, or a device that does not exist here.
+    """
+    pc = cfg.parallel.pipeline
+    S, M = pc.stages, pc.micro_batches
+    if S < 1:
+        raise cfg.fail("parallel.pipeline.stages", f"expected >= 1, got {S}")
+    if not 1 <= M <= 4096:
+        raise cfg.fail("parallel.pipeline.micro_batches", f"expected 1..4096, got {M}")
+    if spec is None:
+        raise cfg.fail("parallel.pipeline", "a native model.entrypoint cannot be split into stages; "
+                       "use model.layers")
+    n = len(spec.layers)
+    if S > n:
+        raise cfg.fail("parallel.pipeline.stages", f"{S} stages for {n} layers: every stage needs a layer")
+    if world_size % S:
+        raise cfg.fail("parallel.pipeline.stages", f"the world size (-np {world_size}) must be a multiple of "
+                       f"the {S} stages (np = replicas x stages)")
+    bounds = _bounds(cfg, spec, S)
+    stages = []
+    for s, (first, last) in enumerate(bounds):
+        device = _device(cfg, s, local_devices or {})
+        params = sum(spec.layers[i].param_count for i in range(first, last + 1))
+        stages.append(Stage(s, first, last, params, spec.layers[last].output_shape, device))
+    return PipelinePlan(tuple(stages), world_size // S, M, pc.schedule)
+
+
+def _bounds(cfg: Config, spec: ModelSpec, S: int) -> list[tuple[int, int]]:
+    pc = cfg.parallel.pipeline
+    n = len(spec.layers)
+    tagged = [layer.stage for layer in spec.layers]
+    if any(t is not None for t in tagged):
+        if "parallel.pipeline.placement" in cfg.lines:
+            raise cfg.fail("parallel.pipeline.placement", "give either placement or `stage:` keys on layers, not both")
+        missing = [i for i, t in enumerate(tagged) if t is None]
+        if missing:
+            raise cfg.fail(f"model.layers[{missing[0]}]", "every layer needs a `stage:` key once one layer has one")
+        ranges: dict[int, list[int]] = {}
+        for i, t in enumerate(tagged):
+            ranges.setdefault(t, []).append(i)
+        placement = {s: [idx[0], idx[-1]] for s, idx in ranges.items()}
+        where = "model.layers"
+    elif pc.placement == "auto":
+        return _auto(spec, S)
+    elif isinstance(pc.placement, str):
+        raise cfg.fail("parallel.pipeline.placement", f"expected 'auto' or {{stage: [first, last]}}, got "
+                       f"{pc.placement!r}")
+    else:
+        placement, where = pc.placement, "parallel.pipeline.placement"
+    for key, value in placement.items():
+        ok = isinstance(key, int) and isinstance(value, list) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if not ok:
+            raise cfg.fail(where, f"expected {{stage: [first_layer, last_layer]}}, got {key!r}: {value!r}")
+    if sorted(placement) != list(range(S)):
+        empty = sorted(set(range(S)) - set(placement))
+        extra = sorted(set(placement) - set(range(S)))
+        what = f"stage {empty[0]} is empty (no layers)" if empty else f"stage {extra[0]} does not exist (stages: {S})"
+        raise cfg.fail(where, what)
+    bounds = [tuple(placement[s]) for s in range(S)]
+    expected_first = 0
+    for s, (first, last) in enumerate(bounds):
+        if first > last:
+            raise cfg.fail(where, f"stage {s}: [{first}, {last}] is empty (first > last)")
+        if first > expected_first:
+            raise cfg.fail(where, f"gap: layers {expected_first}..{first - 1} are in no stage (stage {s} starts at {first})")
+        if first < expected_first:
+            raise cfg.fail(where, f"overlap: stage {s} starts at layer {first}, but layer {first} is already in "
+                           f"stage {s - 1}")
+        expected_first = last + 1
+    if expected_first != n:
+        raise cfg.fail(where, f"gap: layers {expected_first}..{n - 1} are in no stage" if expected_first < n
+                       else f"stage {S - 1} ends at layer {expected_first - 1}, but the model has {n} layers")
+    return bounds
+
+
+def _auto(spec: ModelSpec, S: int) -> list[tuple[int, int]]:
+    counts = [layer.param_count for layer in spec.layers]
+    total = sum(counts) or 1
+    n = len(counts)
+    cuts = []
+    running, start = 0, 0
+    for i, c in enumerate(counts):
+        running += c
+        k = len(cuts) + 1
+        layers_left, stages_left = n - (i + 1), S - k
+        if k < S and (running >= total * k / S or layers_left == stages_left) and layers_left >= stages_left:
+            cuts.append((start, i))
+            start = i + 1
+    cuts.append((start, n - 1))
+    return cuts
+
+
+def _device(cfg: Config, stage: int, local_devices: dict[str, int]) -> str:
+    devices = cfg.parallel.pipeline.devices
+    name = devices.get(stage, devices.get(str(stage), "cpu"))
+    path = f"parallel.pipeline.devices.{stage}"
+    if not isinstance(name, str):
+        raise cfg.fail(path, f"expected a device name like cpu, cuda:0 or /GPU:0, got {name!r}")
+    if name in ("cpu", "/CPU:0"):
+        return "cpu"
+    kind, index = _parse_device(name)
+    if kind is None:
+        raise cfg.fail(path, f"expected cpu, cuda:N or /GPU:N, got {name!r}")
+    have = local_devices.get("gpu", 0)
+    if index >= have:
+        raise cfg.fail(path, f"device {name!r} does not exist on this host ({have} GPU(s) visible)")
+    return f"gpu:{index}"
+
+
+def _parse_device(name: str) -> tuple[str | None, int]:
+    for prefix in ("cuda:", "/GPU:", "/gpu:", "gpu:"):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return "gpu", int(name[len(prefix):])
+    return None, -1
+
+
+def describe(plan: PipelinePlan, spec: ModelSpec, batch_size: int, bytes_per_value: int = 4) -> str:
+    """The text `hvtrain plan` prints."""
+    S, M = plan.num_stages, plan.micro_batches
+    micro = math.ceil(batch_size / M)
+    lines = [f"pipeline: {S} stages x {plan.replicas} replica(s) = {plan.world_size} ranks, "
+             f"{M} micro-batches of ~{micro} samples, schedule {plan.schedule}, "
+             f"bubble (S-1)/(M+S-1) = {plan.bubble:.3f}", ""]
+    lines.append("layer  type        output shape      params      stage  ranks")
+    for layer in spec.layers:
+        s = next(st for st in plan.stages if layer.index in st.layers)
+        ranks = ",".join(str(r) for r in plan.dp_group(s.index))
+        lines.append(f"{layer.index:>5}  {layer.type:<10}  {str(list(layer.output_shape)):<16}  "
+                     f"{layer.param_count:>10,}  {s.index:>5}  {ranks}")
+    lines += ["", "stage  layers   device  params      act/sample(B)  peak micro  est. memory/rank"]
+    for st in plan.stages:
+        act = math.prod(st.out_shape) * bytes_per_value
+        inner = sum(math.prod(spec.layers[i].output_shape) for i in st.layers) * bytes_per_value
+        peak = plan.peak_micro_batches(st.index)
+        # weights + grads + up to 2 optimizer slots, and saved activations of the live micro-batches
+        memory = st.params * bytes_per_value * 4 + inner * micro * peak
+        lines.append(f"{st.index:>5}  {st.first:>2}..{st.last:<3}  {st.device:<6}  {st.params:>10,}  "
+                     f"{act:>13,}  {peak:>10}  {_human(memory):>16}")
+    lines += ["", "data-parallel (allreduce) groups: " +
+              "; ".join(f"stage {s}: ranks {plan.dp_group(s)}" for s in range(S))]
+    return "\n".join(lines)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

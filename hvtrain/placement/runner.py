@@ -1,0 +1,154 @@
+"""Pipeline execution: the schedule, MPI point-to-point between stages, and the training loop.
+
+Every rank of a pipeline computes the same batch plan from the seed (replica d takes data
+shard d of D), splits each rank-batch into micro-batches, and runs its stage's op list.
+Activations go forward and gradients backward as float32 numpy buffers: non-blocking
+sends (kept alive until the step ends), blocking receives into preallocated buffers, one
+tag per (micro-batch, direction), so no two stages can deadlock on each other.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from hvtrain.config import Config
+from hvtrain.data import Dataset, epoch_permutation, shard_batches, shard_eval, steps_per_epoch
+from hvtrain.dist import ProcessInfo
+from hvtrain.output import Reporter
+from hvtrain.placement.plan import PipelinePlan
+from hvtrain.placement.schedule import stage_ops
+from hvtrain.placement.stage import StageEngine
+from hvtrain.spec import ModelSpec
+from hvtrain.trainer import EVAL_BATCH, WEIGHTS_FILE, EpochResult, LRSchedule, epoch_line, weight_metadata
+
+
+_EVAL_TAG = 20_000  # training tags are 2m and 2m+1 (m < micro_batches); MPI guarantees tags up to 32767
+
+
+class PipelineRunner:
+    def __init__(self, plan: PipelinePlan, spec: ModelSpec, engine: StageEngine, comm: Any, rank: int):
+        self.plan, self.engine, self.comm = plan, engine, comm
+        self.s = plan.stage_of(rank)
+        self.replica = plan.replica_of(rank)
+        stage = plan.stages[self.s]
+        self.first, self.last = self.s == 0, self.s == plan.num_stages - 1
+        self.prev = None if self.first else rank - 1
+        self.next = None if self.last else rank + 1
+        self.in_shape = spec.layers[stage.first].input_shape
+        self.out_shape = stage.out_shape
+        self.peak_in_flight = 0
+
+    def _recv(self, source: int, shape: tuple[int, ...], tag: int) -> np.ndarray:
+        buf = np.empty(shape, np.float32)
+        self.comm.Recv(buf, source=source, tag=tag)
+        return buf
+
+    def train_batch(self, data: Dataset, idx: np.ndarray, w: np.ndarray, apply: bool) -> None:
+        chunks = np.array_split(np.arange(len(idx)), min(self.plan.micro_batches, len(idx)))
+        sends, live = [], 0
+        for kind, m in stage_ops(self.plan.schedule, self.plan.num_stages, self.s, len(chunks)):
+            sel = chunks[m]
+            if kind == "F":
+                if self.first:
+                    x = data.x_train[idx[sel]]
+                else:
+                    x = self._recv(self.prev, (len(sel),) + self.in_shape, 2 * m)
+                if self.last:
+                    self.engine.forward_loss(m, x, data.y_train[idx[sel]], w[sel])
+                else:
+                    out = np.ascontiguousarray(self.engine.forward(m, x), np.float32)
+                    sends.append((self.comm.Isend(out, dest=self.next, tag=2 * m), out))
+                live += 1
+                self.peak_in_flight = max(self.peak_in_flight, live)
+            else:
+                grad = None if self.last else self._recv(self.next, (len(sel),) + self.out_shape, 2 * m + 1)
+                g_in = self.engine.backward(m, grad)
+                if not self.first:
+                    g_in = np.ascontiguousarray(g_in, np.float32)
+                    sends.append((self.comm.Isend(g_in, dest=self.prev, tag=2 * m + 1), g_in))
+                live -= 1
+        MPI.Request.Waitall([req for req, _ in sends])
+        if apply:
+            self.engine.step()
+
+    def eval_sums(self, data: Dataset) -> np.ndarray:
+        """This replica's share of validation, pushed through the pipeline without gradients."""
+        idx = shard_eval(len(data.x_val), self.replica, self.plan.replicas)
+        sums = np.zeros(4, np.float64)
+        for k, start in enumerate(range(0, len(idx), EVAL_BATCH)):
+            chunk = idx[start: start + EVAL_BATCH]
+            x = data.x_val[chunk] if self.first else self._recv(self.prev, (len(chunk),) + self.in_shape, _EVAL_TAG + k)
+            if self.last:
+                sums += self.engine.eval_sums(x, data.y_val[chunk])
+            else:
+                self.comm.Send(np.ascontiguousarray(self.engine.predict(x), np.float32), dest=self.next,
+                               tag=_EVAL_TAG + k)
+        return sums if self.last else np.zeros(4, np.float64)
+
+
+def fit_pipeline(cfg: Config, spec: ModelSpec, data: Dataset, engine: StageEngine, plan: PipelinePlan,
+                 info: ProcessInfo, reporter: Reporter, comm: Any) -> dict[str, Any]:
+    """The pipeline counterpart of trainer.fit: same outputs, same file formats."""
+    t0 = time.perf_counter()
+    runner = PipelineRunner(plan, spec, engine, comm, info.rank)
+    D, b, acc = plan.replicas, cfg.data.batch_size, cfg.train.grad_accumulation
+    n_steps = steps_per_epoch(len(data.x_train), b, D, acc)
+    schedule = LRSchedule(cfg, D, n_steps)
+    reporter.print(f"hvtrain: {cfg.name} on {cfg.backend}, pipeline {plan.num_stages} stages x {D} replica(s), "
+                   f"{plan.micro_batches} micro-batches ({plan.schedule}), {n_steps} steps/epoch, "
+                   f"{spec.param_count:,} parameters")
+    current_lr, step, result = None, 0, None
+    for epoch in range(cfg.train.epochs):
+        started = time.perf_counter()
+        order = epoch_permutation(len(data.x_train), cfg.seed, epoch, cfg.data.shuffle)
+        engine.loss_sum(reset=True)
+        for batch in shard_batches(order, b, runner.replica, D, acc):
+            lr = schedule(step)
+            if lr != current_lr:
+                engine.set_lr(lr)
+                current_lr = lr
+            runner.train_batch(data, batch.indices, batch.weights, batch.apply)
+            step += batch.apply
+        train_seconds = time.perf_counter() - started
+        local = np.concatenate([runner.eval_sums(data), [len(shard_eval(len(data.x_val), runner.replica, D))
+                                                          if runner.last else 0],
+                                [engine.loss_sum() if runner.last else 0.0]])
+        total = np.empty_like(local)
+        comm.Allreduce(local, total, op=MPI.SUM)
+        loss, correct, sq, ab, count, train_sum = total
+        val = {"loss": loss / count if count else float("nan")}
+        for name in cfg.metrics:
+            val[name] = {"accuracy": correct, "mse": sq, "mae": ab}[name] / count if count else float("nan")
+        val["samples"] = int(count)
+        result = EpochResult(epoch + 1, train_sum / n_steps, val, len(data.x_train) / train_seconds,
+                             time.perf_counter() - started)
+        reporter.append_metrics({"epoch": result.epoch, "train_loss": result.train_loss,
+                                 **{f"val_{k}": v for k, v in val.items()},
+                                 "samples_per_sec": result.samples_per_sec, "lr": current_lr,
+                                 "world_size": info.size})
+        reporter.print(epoch_line(cfg, result))
+
+    # One neutral file, identical to an unpipelined run's: replica 0's stages, gathered on rank 0.
+    pieces = comm.gather(engine.get_weights() if runner.replica == 0 else {}, root=0)
+    per_rank = comm.gather({"params": engine.param_count(), "peak_in_flight": runner.peak_in_flight,
+                            "peak_activation_bytes": engine.peak_activation_bytes()}, root=0)
+    weights = {k: v for piece in (pieces or []) for k, v in piece.items()}
+    reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, spec))
+    summary = {
+        "name": cfg.name, "backend": cfg.backend, "world_size": info.size, "controller": info.controller,
+        "epochs": cfg.train.epochs, "train_loss": result.train_loss if result else None,
+        **({f"val_{k}": v for k, v in result.val.items()} if result else {}),
+        "samples_per_sec": result.samples_per_sec if result else None,
+        "total_seconds": time.perf_counter() - t0, "weights": WEIGHTS_FILE,
+        "pipeline": {"stages": plan.num_stages, "replicas": D, "micro_batches": plan.micro_batches,
+                     "schedule": plan.schedule, "bubble": plan.bubble,
+                     "stage_params": [st.params for st in plan.stages],
+                     "ranks": per_rank},
+    }
+    reporter.write_json("summary.json", summary)
+    reporter.print(f"done in {summary['total_seconds']:.1f}s; outputs in {reporter.out_dir}")
+    return summary
