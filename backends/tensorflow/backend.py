@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -20,9 +21,12 @@ from hvtrain.backend import Backend  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
 from hvtrain.dist import ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env  # noqa: E402
 from hvtrain.errors import ConfigError  # noqa: E402
+from hvtrain.placement.plan import PipelinePlan, Stage  # noqa: E402
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer  # noqa: E402
 
 from .model import build_model, keras_to_neutral, neutral_to_keras  # noqa: E402
+from .ops import LOSSES, eval_sums, make_optimizer  # noqa: E402
+from .stage import TensorFlowStage  # noqa: E402
 
 _POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
@@ -38,12 +42,13 @@ class TensorFlowBackend(Backend):
         self.spec: ModelSpec | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
-    def init(self, cfg: Config) -> ProcessInfo:
+    def init(self, cfg: Config, comm: Any = None, groups: list[list[int]] | None = None) -> ProcessInfo:
         os.environ.update(horovod_env(cfg.horovod.cycle_time_ms, cfg.horovod.fusion_threshold_mb))
         threads = cfg.train.threads or default_threads(local_size_from_env())
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
-        self.hvd.init()
+        self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
+        self.hvd.init(comm=comm, process_sets=self.process_sets or None)
         size = self.hvd.size()
         controller = "gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi"
         self.info = ProcessInfo(self.hvd.rank(), size, self.hvd.local_rank(), self.hvd.local_size(),
@@ -60,7 +65,7 @@ class TensorFlowBackend(Backend):
         if weights is not None:
             self.set_weights(weights)
         keras.utils.set_random_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
-        self.optimizer = _optimizer(cfg)
+        self.optimizer = make_optimizer(cfg)
         if cfg.train.precision == "fp16":
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         self.train_vars = self.model.trainable_variables
@@ -70,13 +75,21 @@ class TensorFlowBackend(Backend):
             hvd.broadcast_variables([v.value for v in self.optimizer.variables], root_rank=0)
         self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.train_vars]
         self.loss_acc = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-        self.loss_fn = _LOSSES[cfg.loss]
+        self.loss_fn = LOSSES[cfg.loss]
         self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
         self.compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
         self._compile()
 
     def shutdown(self) -> None:
         self.hvd.shutdown()
+
+    def local_gpus(self) -> int:
+        return len(tf.config.list_physical_devices("GPU"))
+
+    def build_stage(self, cfg: Config, spec: ModelSpec, stage: Stage, plan: PipelinePlan,
+                    weights: dict[str, np.ndarray]) -> TensorFlowStage:
+        ps = self.process_sets[stage.index] if plan.replicas > 1 else None
+        return TensorFlowStage(self.hvd, cfg, spec, stage, plan.replicas, weights, ps)
 
     # -- compiled steps ----------------------------------------------------------------------
     def _compile(self) -> None:
@@ -146,17 +159,7 @@ class TensorFlowBackend(Backend):
         return value
 
     def eval_batch(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        out = self._forward(x).numpy()
-        loss = float(np.sum(self.loss_fn(tf.constant(out), tf.constant(y)).numpy()))
-        correct = sq = ab = 0.0
-        if self.cfg.loss == "cross_entropy":
-            correct = float(np.sum(out.argmax(axis=1) == y))
-        elif self.cfg.loss == "binary_cross_entropy":
-            correct = float(np.sum((out[:, 0] > 0).astype(np.int64) == y))
-        else:
-            diff = out - y
-            sq, ab = float(np.sum(np.mean(diff ** 2, axis=1))), float(np.sum(np.mean(np.abs(diff), axis=1)))
-        return np.array([loss, correct, sq, ab], np.float64)
+        return eval_sums(self.cfg.loss, self._forward(x).numpy(), y)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self._forward(x).numpy()
@@ -186,39 +189,6 @@ class TensorFlowBackend(Backend):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _ce(out, y):
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out)
-
-
-def _bce(out, y):
-    return tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.cast(y, out.dtype), logits=out[:, 0])
-
-
-def _mse(out, y):
-    return tf.reduce_mean(tf.square(out - y), axis=1)
-
-
-def _mae(out, y):
-    return tf.reduce_mean(tf.abs(out - y), axis=1)
-
-
-_LOSSES = {"cross_entropy": _ce, "binary_cross_entropy": _bce, "mse": _mse, "mae": _mae}
-
-
-def _optimizer(cfg: Config) -> keras.optimizers.Optimizer:
-    """Same semantics as the torch backend: weight_decay is L2 (added to the gradient) except
-    for adamw, where it is decoupled."""
-    o = cfg.optimizer
-    if o.name == "sgd":
-        return keras.optimizers.SGD(o.lr, momentum=o.momentum, nesterov=o.nesterov)
-    if o.name == "adam":
-        return keras.optimizers.Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
-    if o.name == "adamw":
-        return keras.optimizers.AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1],
-                                      epsilon=o.eps)
-    return keras.optimizers.RMSprop(o.lr, rho=o.rho, momentum=o.momentum, epsilon=o.eps)
 
 
 def _entrypoint_model(cfg: Config) -> keras.Model:

@@ -98,7 +98,7 @@ def make_plan(cfg: Config, spec: ModelSpec | None, world_size: int, local_device
     bounds = _bounds(cfg, spec, S)
     stages = []
     for s, (first, last) in enumerate(bounds):
-        device = _device(cfg, s, local_devices or {})
+        device = _device(cfg, s, local_devices)
         params = sum(spec.layers[i].param_count for i in range(first, last + 1))
         stages.append(Stage(s, first, last, params, spec.layers[last].output_shape, device))
     return PipelinePlan(tuple(stages), world_size // S, M, pc.schedule)
@@ -170,7 +170,9 @@ def _auto(spec: ModelSpec, S: int) -> list[tuple[int, int]]:
     return cuts
 
 
-def _device(cfg: Config, stage: int, local_devices: dict[str, int]) -> str:
+def _device(cfg: Config, stage: int, local_devices: dict[str, int] | None) -> str:
+    """Normalised device name; checked against `local_devices` unless that is None (planning
+    on a login node, where the framework is not imported)."""
     devices = cfg.parallel.pipeline.devices
     name = devices.get(stage, devices.get(str(stage), "cpu"))
     path = f"parallel.pipeline.devices.{stage}"
@@ -181,8 +183,8 @@ def _device(cfg: Config, stage: int, local_devices: dict[str, int]) -> str:
     kind, index = _parse_device(name)
     if kind is None:
         raise cfg.fail(path, f"expected cpu, cuda:N or /GPU:N, got {name!r}")
-    have = local_devices.get("gpu", 0)
-    if index >= have:
+    have = None if local_devices is None else local_devices.get("gpu", 0)
+    if have is not None and index >= have:
         raise cfg.fail(path, f"device {name!r} does not exist on this host ({have} GPU(s) visible)")
     return f"gpu:{index}"
 

@@ -1,0 +1,111 @@
+"""TensorFlowStage: one pipeline stage (a slice of the neutral layers) on this rank.
+
+Each live micro-batch keeps its own GradientTape (eager): backward(key) asks that tape for
+the gradients of the stage's variables and of its input, given the output's gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from hvtrain.config import Config
+from hvtrain.placement.plan import Stage
+from hvtrain.placement.stage import StageEngine
+from hvtrain.spec import ModelSpec, per_layer
+
+from .model import build_model, keras_to_neutral, neutral_to_keras
+from .ops import LOSSES, eval_sums, make_optimizer
+
+
+class TensorFlowStage(StageEngine):
+    def __init__(self, hvd, cfg: Config, spec: ModelSpec, stage: Stage, replicas: int,
+                 weights: dict[str, np.ndarray], process_set) -> None:
+        self.hvd, self.cfg, self.replicas, self.process_set = hvd, cfg, replicas, process_set
+        self.layers = [spec.layers[i] for i in stage.layers]
+        self.device = "/CPU:0" if stage.device == "cpu" else f"/GPU:{stage.device.split(':')[1]}"
+        sub = ModelSpec(input_shape=self.layers[0].input_shape, layers=self.layers)
+        with tf.device(self.device):
+            self.model = build_model(sub)
+            grouped = per_layer(spec, weights)
+            for layer, kl in zip(self.layers, self.model.layers, strict=True):
+                neutral_to_keras(layer, kl, grouped[layer.index])
+            self.optimizer = make_optimizer(cfg)
+            self.vars = self.model.trainable_variables
+            self.optimizer.build(self.vars)
+            self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.vars]
+        self.loss_fn = LOSSES[cfg.loss]
+        self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
+        self.first = self.layers[0].index == 0
+        self.graphs: dict[int, tuple] = {}
+        self.loss_acc = 0.0
+
+    def _run(self, key: int, x: np.ndarray, finish=None):
+        inp = tf.constant(x)
+        with tf.device(self.device), tf.GradientTape() as tape:
+            if not self.first:
+                tape.watch(inp)
+            out = tf.cast(self.model(inp, training=True), tf.float32)
+            target = finish(out) if finish else out
+        self.graphs[key] = (tape, inp, target)
+        return out
+
+    def forward(self, key: int, x: np.ndarray) -> np.ndarray:
+        return self._run(key, x).numpy()
+
+    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
+        losses = []
+
+        def finish(out):
+            loss = tf.reduce_sum(self.loss_fn(out, tf.constant(y)) * tf.constant(w))
+            losses.append(loss)
+            return loss * self.replicas  # Horovod averages over the replicas
+
+        self._run(key, x, finish)
+        self.loss_acc += float(losses[0])
+
+    def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
+        tape, inp, target = self.graphs.pop(key)
+        sources = [v.value for v in self.vars] + ([] if self.first else [inp])
+        grads = tape.gradient(target, sources, output_gradients=None if grad is None else tf.constant(grad))
+        for acc, g in zip(self.accum, grads[: len(self.vars)], strict=True):
+            acc.assign_add(g)
+        return None if self.first else grads[-1].numpy()
+
+    def step(self) -> None:
+        grads = [tf.convert_to_tensor(a) for a in self.accum]
+        if self.process_set is not None:
+            grads = self.hvd.grouped_allreduce(grads, op=self.hvd.Average, process_set=self.process_set,
+                                               name="hvtrain.stage_grads")
+        if self.l2:
+            grads = [g + self.l2 * v.value for g, v in zip(grads, self.vars, strict=True)]
+        self.optimizer.apply(grads, self.vars)
+        for acc in self.accum:
+            acc.assign(tf.zeros_like(acc))
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.learning_rate.assign(lr)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        with tf.device(self.device):
+            return tf.cast(self.model(tf.constant(x), training=False), tf.float32).numpy()
+
+    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return eval_sums(self.cfg.loss, self.predict(x), y)
+
+    def loss_sum(self, reset: bool = False) -> float:
+        value = self.loss_acc
+        if reset:
+            self.loss_acc = 0.0
+        return value
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        out = {}
+        for layer, kl in zip(self.layers, self.model.layers, strict=True):
+            for param, v in keras_to_neutral(layer, kl).items():
+                out[f"layers.{layer.index}.{param}"] = v
+        return out
+
+    def param_count(self) -> int:
+        return int(sum(np.prod(v.shape) for v in self.vars))
+
+
