@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-import keras
 from hvtrain.config import Config
 
 

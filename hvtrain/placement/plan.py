@@ -142,7 +142,8 @@ def _bounds(cfg: Config, spec: ModelSpec, S: int) -> list[tuple[int, int]]:
         if first > last:
             raise cfg.fail(where, f"stage {s}: [{first}, {last}] is empty (first > last)")
         if first > expected_first:
-            raise cfg.fail(where, f"gap: layers {expected_first}..{first - 1} are in no stage (stage {s} starts at {first})")
+            raise cfg.fail(where, f"gap: layers {expected_first}..{first - 1} are in no stage "
+                           f"(stage {s} starts at {first})")
         if first < expected_first:
             raise cfg.fail(where, f"overlap: stage {s} starts at layer {first}, but layer {first} is already in "
                            f"stage {s - 1}")

@@ -25,8 +25,8 @@ from hvtrain.placement.stage import StageEngine
 from hvtrain.spec import ModelSpec
 from hvtrain.trainer import EVAL_BATCH, WEIGHTS_FILE, EpochResult, LRSchedule, epoch_line, weight_metadata
 
-
-_EVAL_TAG = 20_000  # training tags are 2m and 2m+1 (m < micro_batches); MPI guarantees tags up to 32767
+# Training tags are 2m and 2m+1 (m < micro_batches <= 4096); MPI guarantees tags up to 32767.
+_EVAL_TAG = 20_000
 
 
 class PipelineRunner:
