@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain.config import Config
+from hvtrain.errors import ConfigError
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "gelu", "softmax", "linear")
 _REQUIRED = object()
@@ -124,7 +125,14 @@ def build_spec(cfg: Config) -> ModelSpec:
         if stage is not None and (not isinstance(stage, int) or isinstance(stage, bool) or stage < 0):
             raise cfg.fail(f"{path}.stage", f"expected a stage number >= 0, got {stage!r}")
         options = _layer_options(cfg, path, kind, {k: v for k, v in raw.items() if k != "stage"})
-        out_shape, weights = _infer(cfg, path, i, kind, options, shape)
+        try:
+            out_shape, weights = _infer(cfg, path, i, kind, options, shape)
+        except ConfigError as exc:
+            previous = spec.layers[-1].stage if spec.layers else None
+            if stage is not None and previous is not None and stage != previous:
+                raise ConfigError(f"{exc} (stage boundary {previous} -> {stage}: stage {previous} outputs "
+                                  f"{list(shape)})") from None
+            raise
         spec.layers.append(LayerSpec(i, kind, options, shape, out_shape, tuple(weights), stage))
         shape = out_shape
     return spec

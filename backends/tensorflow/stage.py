@@ -74,8 +74,10 @@ class TensorFlowStage(StageEngine):
     def step(self) -> None:
         grads = [tf.convert_to_tensor(a) for a in self.accum]
         if self.process_set is not None:
-            grads = self.hvd.grouped_allreduce(grads, op=self.hvd.Average, process_set=self.process_set,
-                                               name="hvtrain.stage_grads")
+            compression = self.hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else \
+                self.hvd.Compression.none
+            grads = self.hvd.grouped_allreduce(grads, op=self.hvd.Average, compression=compression,
+                                               process_set=self.process_set, name="hvtrain.stage_grads")
         if self.l2:
             grads = [g + self.l2 * v.value for g, v in zip(grads, self.vars, strict=True)]
         self.optimizer.apply(grads, self.vars)

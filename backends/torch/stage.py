@@ -78,8 +78,11 @@ class TorchStage(StageEngine):
     def step(self) -> None:
         params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
         if self.process_set is not None:
+            compression = self.hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else \
+                self.hvd.Compression.none
             reduced = self.hvd.grouped_allreduce([p.grad for p in params], op=self.hvd.Average,
-                                                 process_set=self.process_set, name="hvtrain.stage_grads")
+                                                 compression=compression, process_set=self.process_set,
+                                                 name="hvtrain.stage_grads")
             for p, g in zip(params, reduced, strict=True):
                 p.grad.copy_(g)
         self.optimizer.step()

@@ -80,6 +80,14 @@ def test_hybrid_example_reaches_accuracy(tmp_path):
     assert summary(out)["val_accuracy"] >= 0.95
 
 
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_hybrid_with_fp16_compression_and_accumulation_learns(tmp_path, backend):
+    out = tmp_path / "run"
+    run(mpirun(4, "train", CFG, "--backend", backend, "--quiet", "--output-dir", str(out), "--set", "train.epochs=6",
+               "--set", "train.compression=fp16", "--set", "train.grad_accumulation=2"), timeout=300)
+    assert summary(out)["val_accuracy"] >= 0.9
+
+
 def test_pipeline_under_gloo_is_refused(tmp_path):
     proc = run([tool("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *hvtrain("train", CFG)],
                check=False, timeout=120)

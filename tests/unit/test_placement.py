@@ -90,6 +90,15 @@ def test_plan_errors_are_located(tmp_path, pipeline, np_, message):
     assert "p.yaml:" in str(e.value) and message in str(e.value), str(e.value)
 
 
+def test_shape_mismatch_at_stage_boundary_is_named(tmp_path):
+    layers = ("    - {type: dense, units: 32, stage: 0}\n"
+              "    - {type: lstm, units: 8, stage: 1}\n"
+              "    - {type: dense, units: 10, stage: 1}\n")
+    with pytest.raises(ConfigError, match=r"p.yaml:7: model.layers\[1\].type: lstm expects \(T, F\) sequence input, "
+                                          r"got shape \[32\].*\(stage boundary 0 -> 1: stage 0 outputs \[32\]\)"):
+        plan_for(tmp_path, "    stages: 2\n", 2, layers)
+
+
 def test_plan_command_prints_layout_and_bubble():
     r = CliRunner().invoke(cli, ["plan", str(EXAMPLE), "-np", "4"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
