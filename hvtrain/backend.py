@@ -53,10 +53,12 @@ class Backend(ABC):
         """Learning rate for the following optimizer steps."""
 
     @abstractmethod
-    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> None:
+    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> bool:
         """Forward/backward of sum(loss_i * weights_i) (weights sum to 1 over the global step);
         allreduce-average gradients and update when `apply`. The weighted loss is added to a
-        local accumulator on the device: no host synchronisation here."""
+        local accumulator. Returns False if this rank's loss was not finite; with
+        `train.on_nan: skip` an update whose averaged gradients are not finite is skipped on
+        every rank alike."""
 
     @abstractmethod
     def loss_sum(self, reset: bool = False) -> float:
@@ -73,6 +75,23 @@ class Backend(ABC):
     @abstractmethod
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over all ranks; every rank gets the result."""
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """A picklable object from `root` to every rank."""
+
+    @abstractmethod
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's object, in rank order, on every rank."""
+
+    @abstractmethod
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Everything a bit-exact resume needs from this rank: model (all variables), optimizer
+        state and the framework RNG, as named arrays (non-tensor parts JSON-encoded as uint8)."""
+
+    @abstractmethod
+    def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
+        """Inverse of get_state; `rng=False` keeps this rank's fresh RNG (world size changed)."""
 
     @abstractmethod
     def get_weights(self) -> dict[str, np.ndarray]:

@@ -64,6 +64,10 @@ class TrainConfig:
     compression: Literal["none", "fp16"] = "none"
     log_every: int = 20  # steps between progress-bar loss updates (the only host syncs)
     threads: int = 0  # intra-op threads per rank; 0 = cores / local ranks
+    checkpoint_every: int = 0  # 0 = no checkpoints; counted in checkpoint_unit
+    checkpoint_unit: Literal["epoch", "step"] = "epoch"
+    keep: int = 3  # newest checkpoints kept
+    on_nan: Literal["stop", "skip"] = "stop"  # non-finite loss: stop with step and rank, or skip the update
 
 
 @dataclass
@@ -298,6 +302,9 @@ def _check(cfg: Config) -> None:
                         ("train.grad_accumulation", t.grad_accumulation), ("train.log_every", t.log_every)]:
         if value < 1:
             raise cfg.fail(path, f"expected an integer >= 1, got {value}")
+    if t.checkpoint_every < 0 or t.keep < 1:
+        path = "train.checkpoint_every" if t.checkpoint_every < 0 else "train.keep"
+        raise cfg.fail(path, f"expected checkpoint_every >= 0 and keep >= 1, got {t.checkpoint_every}, {t.keep}")
     if t.threads < 0:
         raise cfg.fail("train.threads", f"expected >= 0 (0 = automatic), got {t.threads}")
     if o.lr <= 0:

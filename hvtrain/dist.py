@@ -68,3 +68,17 @@ def horovod_env(cycle_time_ms: float, fusion_threshold_mb: float) -> dict[str, s
         "HOROVOD_FUSION_THRESHOLD": str(int(fusion_threshold_mb * 1024 * 1024)),
     }
     return {k: v for k, v in wanted.items() if k not in os.environ}
+
+
+def abort_job(info: ProcessInfo, code: int) -> None:
+    """End every rank now. MPI: MPI_Abort (the launcher kills the job). Gloo: exit this process
+    without running exit handlers (a Horovod shutdown would wait for the other ranks)."""
+    import sys
+
+    sys.stderr.flush()
+    sys.stdout.flush()
+    if info.controller == "mpi":
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(code)
+    os._exit(code)

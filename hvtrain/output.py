@@ -26,7 +26,7 @@ class Reporter:
         self.quiet = quiet
         if self.enabled:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            if not keep_metrics:  # a new training run starts a new metrics file
+            if not keep_metrics:  # a new training run starts a new metrics file (a resumed one continues it)
                 (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
 
     def print(self, message: str) -> None:
@@ -47,19 +47,38 @@ class Reporter:
             with (self.out_dir / "metrics.jsonl").open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
 
+    def truncate_metrics(self, epochs: int) -> None:
+        """Resuming: keep the records of the first `epochs` epochs, drop those after the checkpoint."""
+        path = self.out_dir / "metrics.jsonl"
+        if self.enabled and path.exists():
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["epoch"] <= epochs]
+            atomic_write(path, "".join(ln + "\n" for ln in lines).encode())
+
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         if self.enabled:
-            _atomic_write(self.out_dir / name, (json.dumps(data, indent=2) + "\n").encode())
+            atomic_write(self.out_dir / name, (json.dumps(data, indent=2) + "\n").encode())
 
     def write_weights(self, name: str, weights: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
         if self.enabled:
             from safetensors.numpy import save
 
             blob = save({k: np.ascontiguousarray(v) for k, v in weights.items()}, metadata=metadata)
-            _atomic_write(self.out_dir / name, blob)
+            atomic_write(self.out_dir / name, blob)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def report_failure(info: ProcessInfo, exc: BaseException) -> None:
+    """The one side effect every rank may have: saying why it is ending the job."""
+    from hvtrain.errors import HvtrainError
+
+    what = str(exc) if isinstance(exc, HvtrainError) else f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, HvtrainError):
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"hvtrain: error: rank {info.rank} of {info.size}: {what}", file=sys.stderr, flush=True)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
     """Temp file, fsync, rename: a reader or a crash never sees half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

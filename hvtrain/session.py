@@ -6,7 +6,10 @@ imported, so bad input fails fast with a located message and no rank starts trai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +18,7 @@ import numpy as np
 from hvtrain.config import Config, load_config
 from hvtrain.data import Dataset, load_dataset
 from hvtrain.dist import setting
-from hvtrain.errors import DataError
+from hvtrain.errors import ConfigError, DataError, HvtrainError
 from hvtrain.spec import ModelSpec, build_spec, check_against_data, check_weights
 
 
@@ -46,21 +49,72 @@ def prepare(config_path: str, backend: str | None = None, output_dir: str | None
 
 
 def train(config_path: str, backend: str | None = None, output_dir: str | None = None,
-          overrides: Sequence[str] = (), quiet: bool = False) -> dict[str, Any]:
+          overrides: Sequence[str] = (), quiet: bool = False, resume: str | None = None) -> dict[str, Any]:
     from hvtrain.backend import get_backend
     from hvtrain.output import Reporter
     from hvtrain.trainer import fit
 
     p = prepare(config_path, backend, output_dir, overrides)
     if p.cfg.pipelined:
+        if resume is not None:
+            raise ConfigError("--resume: checkpoints of pipelined runs are not supported yet")
         return _train_pipeline(p, quiet)
     engine = get_backend(p.cfg.backend)
     info = engine.init(p.cfg)
+    with ending_cleanly(info):
+        check_agreement(p, engine, info)
+        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet, keep_metrics=resume is not None)
+        summary = fit(p.cfg, p.spec, p.data, engine, info, reporter, resume)
+    engine.shutdown()
+    return summary
+
+
+@contextmanager
+def ending_cleanly(info) -> Iterator[None]:
+    """On several ranks, an error on one rank ends the whole job at once: the rank says who it
+    is and why, then aborts MPI (mpirun/horovodrun kill the others) or exits (Gloo: horovodrun
+    ends the others). The other ranks would otherwise wait in the next allreduce forever."""
     try:
-        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet)
-        return fit(p.cfg, p.spec, p.data, engine, info, reporter)
-    finally:
-        engine.shutdown()
+        yield
+    except BaseException as exc:
+        if info.size == 1 or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        from hvtrain.dist import abort_job
+        from hvtrain.output import report_failure
+
+        report_failure(info, exc)
+        abort_job(info, exc.exit_code if isinstance(exc, HvtrainError) else 1)
+
+
+def check_agreement(p: Prepared, engine, info) -> None:
+    """Cheap start-up check that every rank runs the same experiment on the same data: rank 0's
+    fingerprints are broadcast and each rank compares its own (a rank that differs names itself)."""
+    mine = fingerprints(p)
+    theirs = engine.broadcast_object(mine)
+    differ = [k for k in mine if mine[k] != theirs[k]]
+    agreed = engine.allgather_object(differ)
+    bad = {r: d for r, d in enumerate(agreed) if d}
+    if bad:
+        detail = "; ".join(f"rank {r}: {', '.join(d)}" for r, d in bad.items())
+        raise HvtrainError(f"ranks disagree with rank 0 ({detail}): every rank must run the same config on the "
+                           "same data and model")
+
+
+def fingerprints(p: Prepared) -> dict[str, str]:
+    cfg = dict(p.cfg.to_dict())
+    cfg.pop("output_dir", None)
+
+    def digest(*arrays: np.ndarray) -> str:
+        h = hashlib.sha256()
+        for a in arrays:
+            h.update(str(a.shape).encode() + a.dtype.str.encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()[:16]
+
+    model = [(w.name, w.shape) for w in p.spec.weight_specs()] if p.spec else [p.cfg.model.entrypoint]
+    return {"config": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16],
+            "data": digest(p.data.x_train, p.data.y_train, p.data.x_val, p.data.y_val),
+            "model": hashlib.sha256(repr(model).encode()).hexdigest()[:16]}
 
 
 def _train_pipeline(p: Prepared, quiet: bool) -> dict[str, Any]:
@@ -82,13 +136,14 @@ def _train_pipeline(p: Prepared, quiet: bool) -> dict[str, Any]:
 
     groups = [plan.dp_group(s) for s in range(plan.num_stages)] if plan.replicas > 1 else None
     info = engine.init(p.cfg, comm=comm, groups=groups)
-    try:
+    with ending_cleanly(info):
+        check_agreement(p, engine, info)
         stage = plan.stages[plan.stage_of(info.rank)]
         stage_engine = engine.build_stage(p.cfg, p.spec, stage, plan, p.spec.init_weights(p.cfg.seed))
         reporter = Reporter(info, p.cfg.out_dir, quiet=quiet)
-        return fit_pipeline(p.cfg, p.spec, p.data, stage_engine, plan, info, reporter, comm)
-    finally:
-        engine.shutdown()
+        summary = fit_pipeline(p.cfg, p.spec, p.data, stage_engine, plan, info, reporter, comm)
+    engine.shutdown()
+    return summary
 
 
 def evaluate(config_path: str, weights_path: str, backend: str | None = None, output_dir: str | None = None,

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from hvtrain import __version__
+from hvtrain import __version__, checkpoint
 from hvtrain.backend import Backend
 from hvtrain.config import Config
 from hvtrain.data import Dataset, epoch_permutation, shard_batches, shard_eval, steps_per_epoch
 from hvtrain.dist import ProcessInfo
+from hvtrain.errors import HvtrainError
 from hvtrain.output import Reporter
 from hvtrain.spec import ModelSpec
 
@@ -54,53 +55,67 @@ class LRSchedule:
 
 
 def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, info: ProcessInfo,
-        reporter: Reporter, initial_weights: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """Train for `cfg.train.epochs`; write metrics.jsonl, summary.json and final.safetensors."""
+        reporter: Reporter, resume: str | None = None) -> dict[str, Any]:
+    """Train for `cfg.train.epochs`; write metrics.jsonl, summary.json, final.safetensors and
+    (if configured) checkpoints; continue from a checkpoint when `resume` is given."""
     t0 = time.perf_counter()
-    if initial_weights is None and spec is not None:
-        initial_weights = spec.init_weights(cfg.seed)
-    backend.build(cfg, spec, initial_weights, data.num_outputs)
-
+    backend.build(cfg, spec, spec.init_weights(cfg.seed) if spec is not None else None, data.num_outputs)
     b, acc = cfg.data.batch_size, cfg.train.grad_accumulation
+    global_batch = b * info.size
     n_steps = steps_per_epoch(len(data.x_train), b, info.size, acc)
     schedule = LRSchedule(cfg, info.size, n_steps)
+    pos = _resume(cfg, backend, info, reporter, resume) if resume else Position()
     reporter.print(f"hvtrain {__version__}: {cfg.name} on {cfg.backend}, {info.size} rank(s) "
                    f"[{info.controller}], {len(data.x_train)} train / {len(data.x_val)} val samples, "
-                   f"global batch {b * info.size * acc}, {n_steps} steps/epoch"
+                   f"global batch {global_batch * acc}, {n_steps} steps/epoch"
                    + (f", {spec.param_count:,} parameters" if spec else ""))
     current_lr = None
-    step = 0
+    step = pos.step
     result = None
-    for epoch in range(cfg.train.epochs):
+    every, by_step = cfg.train.checkpoint_every, cfg.train.checkpoint_unit == "step"
+    for epoch in range(pos.epoch, cfg.train.epochs):
         started = time.perf_counter()
-        order = epoch_permutation(len(data.x_train), cfg.seed, epoch, cfg.data.shuffle)
+        offset = pos.offset if epoch == pos.epoch else 0
+        carried = pos.loss_sum if epoch == pos.epoch and info.is_main else 0.0
+        order = epoch_permutation(len(data.x_train), cfg.seed, epoch, cfg.data.shuffle)[offset:]
         backend.loss_sum(reset=True)
         bar = reporter.progress(n_steps, f"epoch {epoch + 1}/{cfg.train.epochs}")
+        micro = 0
         for batch in shard_batches(order, b, info.rank, info.size, acc):
             lr = schedule(step)
             if lr != current_lr:
                 backend.set_lr(lr)
                 current_lr = lr
             idx = batch.indices
-            backend.train_step(data.x_train[idx], data.y_train[idx], batch.weights, batch.apply)
+            if not backend.train_step(data.x_train[idx], data.y_train[idx], batch.weights, batch.apply):
+                raise HvtrainError(f"non-finite loss at epoch {epoch + 1}, step {step + 1} on rank {info.rank} "
+                                   "(train.on_nan: stop; set train.on_nan: skip to skip such updates)")
+            micro += 1
             if batch.apply:
                 step += 1
                 bar.update()
                 if reporter.enabled and step % cfg.train.log_every == 0:
                     done = step - epoch * n_steps
-                    rate = done * b * acc * info.size / (time.perf_counter() - started)
+                    rate = done * global_batch * acc / (time.perf_counter() - started)
                     bar.set_postfix_str(f"loss~{backend.loss_sum() * info.size / done:.4f} {rate:,.0f} samples/s")
+                if by_step and every and step % every == 0:
+                    consumed = min(offset + micro * global_batch, len(data.x_train))
+                    if consumed < len(data.x_train):  # an epoch-end checkpoint follows otherwise
+                        here = Position(epoch, step, consumed, carried + backend.loss_sum())
+                        _checkpoint(cfg, backend, info, reporter, here)
         bar.close()
         train_seconds = time.perf_counter() - started
-        val = evaluate(cfg, data, backend, info, extra=[backend.loss_sum()])
+        val = evaluate(cfg, data, backend, info, extra=[backend.loss_sum() + carried])
         train_loss = val.pop("extra0") / n_steps
-        result = EpochResult(epoch + 1, train_loss, val, len(data.x_train) / train_seconds,
+        result = EpochResult(epoch + 1, train_loss, val, (len(data.x_train) - offset) / train_seconds,
                              time.perf_counter() - started)
         record = {"epoch": result.epoch, "train_loss": result.train_loss,
                   **{f"val_{k}": v for k, v in val.items()},
                   "samples_per_sec": result.samples_per_sec, "lr": current_lr, "world_size": info.size}
         reporter.append_metrics(record)
         reporter.print(epoch_line(cfg, result))
+        if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0):
+            _checkpoint(cfg, backend, info, reporter, Position(epoch + 1, step, 0, 0.0))
 
     weights = backend.get_weights()
     reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, spec))
@@ -110,11 +125,70 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
         **({f"val_{k}": v for k, v in result.val.items()} if result else {}),
         "samples_per_sec": result.samples_per_sec if result else None,
         "total_seconds": time.perf_counter() - t0, "weights": WEIGHTS_FILE,
-        "hvtrain_version": __version__,
+        "resumed_from": pos.source, "hvtrain_version": __version__,
     }
     reporter.write_json("summary.json", summary)
     reporter.print(f"done in {summary['total_seconds']:.1f}s; outputs in {reporter.out_dir}")
     return summary
+
+
+@dataclass
+class Position:
+    """Where training stands: completed epochs, optimizer steps, samples of the current epoch
+    already consumed, and the (global) train-loss sum of those samples."""
+
+    epoch: int = 0
+    step: int = 0
+    offset: int = 0
+    loss_sum: float = 0.0
+    source: str | None = None
+
+
+def _checkpoint(cfg: Config, backend: Backend, info: ProcessInfo, reporter: Reporter, pos: Position) -> None:
+    state, rng = checkpoint.split_rng(backend.get_state())
+    rngs = backend.allgather_object(rng)  # every rank's random stream, so each resumes its own
+    loss_sum = float(backend.allreduce_sum(np.array([pos.loss_sum]))[0]) if pos.offset else 0.0
+    if not info.is_main:
+        return
+    for r, entries in enumerate(rngs):
+        state.update({f"rng.rank{r}.{k[4:]}": v for k, v in entries.items()})
+    meta = {"epoch": pos.epoch, "step": pos.step, "offset": pos.offset, "loss_sum": loss_sum,
+            "world_size": info.size, "backend": cfg.backend, "config": cfg.to_dict(),
+            "hvtrain_version": __version__}
+    path = checkpoint.save(reporter.out_dir, state, meta, cfg.train.keep)
+    reporter.print(f"checkpoint: {path} (epoch {pos.epoch}, step {pos.step})")
+
+
+def _resume(cfg: Config, backend: Backend, info: ProcessInfo, reporter: Reporter, resume: str) -> Position:
+    """Rank 0 finds and verifies the checkpoint, every rank gets it by broadcast."""
+    found = None
+    if info.is_main:
+        try:
+            found = checkpoint.find_resume(reporter.out_dir, resume, reporter.print)
+        except checkpoint.CheckpointError as exc:
+            found = exc
+    found = backend.broadcast_object(found)
+    if isinstance(found, checkpoint.CheckpointError):
+        raise found
+    if found is None:
+        reporter.print(f"resume: no checkpoint in {reporter.out_dir}; starting from scratch")
+        return Position()
+    meta = found.meta
+    if meta["backend"] != cfg.backend:
+        raise HvtrainError(f"{found.path}: checkpoint was made by backend {meta['backend']!r}, this run uses "
+                           f"{cfg.backend!r}; use `hvtrain evaluate` or final.safetensors to move between frameworks")
+    same_world = meta["world_size"] == info.size
+    rng = {f"rng.{k[len(f'rng.rank{info.rank}.'):]}": v for k, v in found.tensors.items()
+           if k.startswith(f"rng.rank{info.rank}.")} if same_world else {}
+    state = {k: v for k, v in found.tensors.items() if not k.startswith("rng.")}
+    backend.set_state({**state, **rng}, rng=same_world)
+    changed = "" if same_world else (
+        f"; world size changed {meta['world_size']} -> {info.size}: global batch "
+        f"{cfg.data.batch_size * meta['world_size']} -> {cfg.data.batch_size * info.size}, per-rank random "
+        "streams reseeded" + (", lr re-scaled" if cfg.optimizer.scale_lr else ""))
+    reporter.print(f"resumed from {found.path} (epoch {meta['epoch']}, step {meta['step']}){changed}")
+    reporter.truncate_metrics(meta["epoch"])
+    return Position(meta["epoch"], meta["step"], meta["offset"], meta["loss_sum"], str(found.path))
 
 
 def evaluate(cfg: Config, data: Dataset, backend: Backend, info: ProcessInfo,

@@ -59,23 +59,24 @@ class TensorFlowBackend(Backend):
               num_outputs: int) -> None:
         hvd = self.hvd
         self.cfg, self.spec = cfg, spec
-        keras.utils.set_random_seed(cfg.seed)
+        keras.utils.set_random_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
         policy = _POLICY.get(cfg.train.precision)
         self.model = _entrypoint_model(cfg) if spec is None else build_model(spec, policy)
         if weights is not None:
             self.set_weights(weights)
-        keras.utils.set_random_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
         self.optimizer = make_optimizer(cfg)
         if cfg.train.precision == "fp16":
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         self.train_vars = self.model.trainable_variables
         self.optimizer.build(self.train_vars)
         if self.info.size > 1:
-            hvd.broadcast_variables([v.value for v in self.model.variables], root_rank=0)
+            # RNG (seed generator) states stay per rank, everything else comes from rank 0
+            hvd.broadcast_variables([v.value for v in self.model.variables if not _is_rng(v)], root_rank=0)
             hvd.broadcast_variables([v.value for v in self.optimizer.variables], root_rank=0)
         self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.train_vars]
         self.loss_acc = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.loss_fn = LOSSES[cfg.loss]
+        self.skip_nan = cfg.train.on_nan == "skip"
         self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
         self.compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
         self._compile()
@@ -108,25 +109,39 @@ class TensorFlowBackend(Backend):
                 if scaled:
                     total = self.optimizer.scale_loss(total)
             grads = tape.gradient(total, [v.value for v in self.train_vars])
-            self.loss_acc.assign_add(tf.cast(loss, tf.float64))
-            return grads
+            finite = tf.math.is_finite(loss)
+            self.loss_acc.assign_add(tf.where(finite, tf.cast(loss, tf.float64), tf.constant(0.0, tf.float64)))
+            return grads, loss
 
         @tf.function(input_signature=[x_sig, y_sig, w_sig], reduce_retracing=True)
         def accumulate(x, y, w):
-            for acc, g in zip(self.accum, local_grads(x, y, w), strict=True):
+            grads, loss = local_grads(x, y, w)
+            for acc, g in zip(self.accum, grads, strict=True):
                 acc.assign_add(g)
+            return loss
 
         @tf.function(input_signature=[x_sig, y_sig, w_sig], reduce_retracing=True)
         def apply(x, y, w):
-            grads = [acc + g for acc, g in zip(self.accum, local_grads(x, y, w), strict=True)]
+            local, loss = local_grads(x, y, w)
+            grads = [acc + g for acc, g in zip(self.accum, local, strict=True)]
             if self.info.size > 1:
                 grads = self.hvd.grouped_allreduce(grads, op=self.hvd.Average, compression=self.compression,
                                                    name="hvtrain.grads")
             if self.l2:
                 grads = [g + self.l2 * v.value for g, v in zip(grads, self.train_vars, strict=True)]
-            self.optimizer.apply(grads, self.train_vars)
+            if self.skip_nan:  # decided on averaged gradients: the same on every rank
+                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+                def update():
+                    self.optimizer.apply(grads, self.train_vars)
+                    return tf.constant(True)
+
+                tf.cond(finite, update, lambda: tf.constant(False))
+            else:
+                self.optimizer.apply(grads, self.train_vars)
             for acc in self.accum:
                 acc.assign(tf.zeros_like(acc))
+            return loss
 
         @tf.function(input_signature=[x_sig], reduce_retracing=True)
         def forward(x):
@@ -149,8 +164,9 @@ class TensorFlowBackend(Backend):
     def set_lr(self, lr: float) -> None:
         self.optimizer.learning_rate.assign(lr)
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> None:
-        (self._apply if apply else self._accumulate)(x, y, weights)
+    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> bool:
+        loss = (self._apply if apply else self._accumulate)(x, y, weights)
+        return bool(np.isfinite(loss.numpy()))
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self.loss_acc.numpy())
@@ -169,6 +185,28 @@ class TensorFlowBackend(Backend):
             return values
         t = tf.constant(np.ascontiguousarray(values, np.float64))
         return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return obj if self.info.size == 1 else self.hvd.broadcast_object(obj, root_rank=root)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj)
+
+    # -- state and weights -------------------------------------------------------------------
+    def get_state(self) -> dict[str, np.ndarray]:
+        state = {f"{'rng.' if _is_rng(v) else ''}model.{i}": np.array(v.numpy())
+                 for i, v in enumerate(self.model.variables)}
+        state.update({f"optim.{i}": np.array(v.numpy()) for i, v in enumerate(self.optimizer.variables)})
+        return state
+
+    def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
+        for i, v in enumerate(self.model.variables):
+            if not _is_rng(v):
+                v.assign(state[f"model.{i}"])
+            elif rng:
+                v.assign(state[f"rng.model.{i}"])
+        for i, v in enumerate(self.optimizer.variables):
+            v.assign(state[f"optim.{i}"])
 
     # -- weights ---------------------------------------------------------------------------
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -189,6 +227,10 @@ class TensorFlowBackend(Backend):
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _is_rng(variable) -> bool:
+    return "seed_generator" in variable.path
 
 
 def _entrypoint_model(cfg: Config) -> keras.Model:

@@ -15,6 +15,7 @@ from hvtrain.dist import ProcessInfo, default_threads, horovod_env, launched_wit
 from hvtrain.errors import ConfigError
 from hvtrain.placement.plan import PipelinePlan, Stage
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer
+from hvtrain.statefile import decode_json, encode_json
 
 from .model import build_module, neutral_to_torch, torch_to_neutral
 from .ops import LOSSES, eval_sums, make_optimizer
@@ -50,11 +51,10 @@ class TorchBackend(Backend):
               num_outputs: int) -> None:
         hvd = self.hvd
         self.cfg, self.spec = cfg, spec
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
         self.model = _entrypoint_model(cfg) if spec is None else build_module(spec)
         if weights is not None:
             self.set_weights(weights)
-        torch.manual_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
         self.optimizer = make_optimizer(cfg, self.model)
         if self.info.size > 1:
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
@@ -66,6 +66,7 @@ class TorchBackend(Backend):
         self.autocast = _AUTOCAST.get(cfg.train.precision)
         self.scaler = torch.amp.GradScaler("cpu") if cfg.train.precision == "fp16" else None
         self.loss_fn = LOSSES[cfg.loss]
+        self.skip_nan = cfg.train.on_nan == "skip"
         self.model.train()
 
     def shutdown(self) -> None:
@@ -84,30 +85,46 @@ class TorchBackend(Backend):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> None:
+    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> bool:
         xt, yt, wt = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(weights)
         with torch.autocast("cpu", dtype=self.autocast, enabled=self.autocast is not None):
             out = self.model(xt)
         loss = (self.loss_fn(out.float(), yt) * wt).sum()
-        self._loss_acc += loss.detach()
+        finite = bool(torch.isfinite(loss))  # CPU eager: no extra synchronisation
+        if not finite and not self.skip_nan:
+            return False  # the trainer stops the job, naming this rank and step
+        if finite:
+            self._loss_acc += loss.detach()
         # Horovod averages over ranks; each rank's weighted sum is 1/size of the global mean.
         scaled = loss * self.info.size
         if self.scaler is not None:
             self.scaler.scale(scaled).backward()
         else:
             scaled.backward()
-        if not apply:
-            return
+        if apply:
+            self._update()
+        return finite
+
+    def _update(self) -> None:
+        distributed = self.info.size > 1
+        if distributed and (self.scaler is not None or self.skip_nan):
+            self.optimizer.synchronize()  # averaged gradients, before deciding anything on them
         if self.scaler is not None:
-            if self.info.size > 1:
-                self.optimizer.synchronize()
             self.scaler.unscale_(self.optimizer)
-            if self.info.size > 1:
+            if distributed:
                 with self.optimizer.skip_synchronize():
                     self.scaler.step(self.optimizer)
             else:
                 self.scaler.step(self.optimizer)
             self.scaler.update()
+        elif self.skip_nan:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            if all(bool(torch.isfinite(g).all()) for g in grads):  # same decision on every rank
+                if distributed:
+                    with self.optimizer.skip_synchronize():
+                        self.optimizer.step()
+                else:
+                    self.optimizer.step()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad()
@@ -140,6 +157,44 @@ class TorchBackend(Backend):
             return values
         t = torch.from_numpy(np.ascontiguousarray(values, np.float64))
         return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return obj if self.info.size == 1 else self.hvd.broadcast_object(obj, root_rank=root)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj)
+
+    # -- state and weights -------------------------------------------------------------------
+    def get_state(self) -> dict[str, np.ndarray]:
+        state = {f"model.{k}": v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+        opt = self.optimizer.state_dict()
+        meta: dict[str, Any] = {"param_groups": opt["param_groups"], "state": {}}
+        for idx, values in opt["state"].items():
+            for k, v in values.items():
+                if torch.is_tensor(v):
+                    state[f"optim.{idx}.{k}"] = v.detach().cpu().numpy().copy()
+                else:
+                    meta["state"].setdefault(str(idx), {})[k] = v
+        if self.scaler is not None:
+            meta["scaler"] = self.scaler.state_dict()
+        state["optim.meta"] = encode_json(meta)
+        state["rng.torch"] = torch.get_rng_state().numpy().copy()
+        return state
+
+    def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
+        model = {k[len("model."):]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("model.")}
+        self.model.load_state_dict(model, strict=True)
+        meta = decode_json(state["optim.meta"])
+        per_param: dict[int, dict[str, Any]] = {int(i): dict(v) for i, v in meta["state"].items()}
+        for key, value in state.items():
+            parts = key.split(".")
+            if parts[0] == "optim" and parts[1].isdigit():
+                per_param.setdefault(int(parts[1]), {})[".".join(parts[2:])] = torch.from_numpy(np.array(value))
+        self.optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
+        if self.scaler is not None and "scaler" in meta:
+            self.scaler.load_state_dict(meta["scaler"])
+        if rng:
+            torch.set_rng_state(torch.from_numpy(np.array(state["rng.torch"])))
 
     # -- weights ---------------------------------------------------------------------------
     def get_weights(self) -> dict[str, np.ndarray]:

@@ -9,10 +9,12 @@ import click
 @click.option("--output-dir", help="Overrides the config's output_dir.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a config value (repeatable), e.g. --set train.epochs=5.")
+@click.option("--resume", metavar="auto|PATH",
+              help="Continue from a checkpoint: the newest one in output_dir that verifies (auto), or PATH.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def train(config: str, backend: str | None, output_dir: str | None, overrides: tuple[str, ...],
-          quiet: bool) -> None:
+          resume: str | None, quiet: bool) -> None:
     """Train CONFIG on this process's ranks (alone, or under horovodrun/mpirun)."""
     from hvtrain.session import train as run
 
-    run(config, backend, output_dir, overrides, quiet=quiet)
+    run(config, backend, output_dir, overrides, quiet=quiet, resume=resume)
