@@ -33,6 +33,11 @@ class Reporter:
         if self.enabled and not self.quiet:
             print(message, flush=True)
 
+    def notice(self, message: str) -> None:
+        """Something the user must see even with --quiet (resume decisions, skipped files)."""
+        if self.enabled:
+            print(message, flush=True)
+
     def progress(self, total: int, desc: str):
         """A tqdm bar on the main rank (stderr), a no-op object elsewhere."""
         if not self.enabled or self.quiet:

@@ -77,6 +77,7 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
         started = time.perf_counter()
         offset = pos.offset if epoch == pos.epoch else 0
         carried = pos.loss_sum if epoch == pos.epoch and info.is_main else 0.0
+        epoch_steps = pos.epoch_steps if epoch == pos.epoch else 0  # optimizer steps done in this epoch
         order = epoch_permutation(len(data.x_train), cfg.seed, epoch, cfg.data.shuffle)[offset:]
         backend.loss_sum(reset=True)
         bar = reporter.progress(n_steps, f"epoch {epoch + 1}/{cfg.train.epochs}")
@@ -87,26 +88,28 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
                 backend.set_lr(lr)
                 current_lr = lr
             idx = batch.indices
-            if not backend.train_step(data.x_train[idx], data.y_train[idx], batch.weights, batch.apply):
+            finite = backend.train_step(data.x_train[idx], data.y_train[idx], batch.weights, batch.apply)
+            if not finite and cfg.train.on_nan == "stop":
                 raise HvtrainError(f"non-finite loss at epoch {epoch + 1}, step {step + 1} on rank {info.rank} "
                                    "(train.on_nan: stop; set train.on_nan: skip to skip such updates)")
             micro += 1
             if batch.apply:
                 step += 1
+                epoch_steps += 1
                 bar.update()
                 if reporter.enabled and step % cfg.train.log_every == 0:
-                    done = step - epoch * n_steps
+                    done = epoch_steps - (pos.epoch_steps if epoch == pos.epoch else 0)
                     rate = done * global_batch * acc / (time.perf_counter() - started)
                     bar.set_postfix_str(f"loss~{backend.loss_sum() * info.size / done:.4f} {rate:,.0f} samples/s")
                 if by_step and every and step % every == 0:
                     consumed = min(offset + micro * global_batch, len(data.x_train))
                     if consumed < len(data.x_train):  # an epoch-end checkpoint follows otherwise
-                        here = Position(epoch, step, consumed, carried + backend.loss_sum())
+                        here = Position(epoch, step, consumed, carried + backend.loss_sum(), epoch_steps)
                         _checkpoint(cfg, backend, info, reporter, here)
         bar.close()
         train_seconds = time.perf_counter() - started
         val = evaluate(cfg, data, backend, info, extra=[backend.loss_sum() + carried])
-        train_loss = val.pop("extra0") / n_steps
+        train_loss = val.pop("extra0") / max(1, epoch_steps)
         result = EpochResult(epoch + 1, train_loss, val, (len(data.x_train) - offset) / train_seconds,
                              time.perf_counter() - started)
         record = {"epoch": result.epoch, "train_loss": result.train_loss,
@@ -115,7 +118,7 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
         reporter.append_metrics(record)
         reporter.print(epoch_line(cfg, result))
         if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0):
-            _checkpoint(cfg, backend, info, reporter, Position(epoch + 1, step, 0, 0.0))
+            _checkpoint(cfg, backend, info, reporter, Position(epoch + 1, step))
 
     weights = backend.get_weights()
     reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, spec))
@@ -141,6 +144,7 @@ class Position:
     step: int = 0
     offset: int = 0
     loss_sum: float = 0.0
+    epoch_steps: int = 0
     source: str | None = None
 
 
@@ -153,6 +157,7 @@ def _checkpoint(cfg: Config, backend: Backend, info: ProcessInfo, reporter: Repo
     for r, entries in enumerate(rngs):
         state.update({f"rng.rank{r}.{k[4:]}": v for k, v in entries.items()})
     meta = {"epoch": pos.epoch, "step": pos.step, "offset": pos.offset, "loss_sum": loss_sum,
+            "epoch_steps": pos.epoch_steps,
             "world_size": info.size, "backend": cfg.backend, "config": cfg.to_dict(),
             "hvtrain_version": __version__}
     path = checkpoint.save(reporter.out_dir, state, meta, cfg.train.keep)
@@ -164,14 +169,14 @@ def _resume(cfg: Config, backend: Backend, info: ProcessInfo, reporter: Reporter
     found = None
     if info.is_main:
         try:
-            found = checkpoint.find_resume(reporter.out_dir, resume, reporter.print)
+            found = checkpoint.find_resume(reporter.out_dir, resume, reporter.notice)
         except checkpoint.CheckpointError as exc:
             found = exc
     found = backend.broadcast_object(found)
     if isinstance(found, checkpoint.CheckpointError):
         raise found
     if found is None:
-        reporter.print(f"resume: no checkpoint in {reporter.out_dir}; starting from scratch")
+        reporter.notice(f"resume: no checkpoint in {reporter.out_dir}; starting from scratch")
         return Position()
     meta = found.meta
     if meta["backend"] != cfg.backend:
@@ -186,9 +191,10 @@ def _resume(cfg: Config, backend: Backend, info: ProcessInfo, reporter: Reporter
         f"; world size changed {meta['world_size']} -> {info.size}: global batch "
         f"{cfg.data.batch_size * meta['world_size']} -> {cfg.data.batch_size * info.size}, per-rank random "
         "streams reseeded" + (", lr re-scaled" if cfg.optimizer.scale_lr else ""))
-    reporter.print(f"resumed from {found.path} (epoch {meta['epoch']}, step {meta['step']}){changed}")
+    reporter.notice(f"resumed from {found.path} (epoch {meta['epoch']}, step {meta['step']}){changed}")
     reporter.truncate_metrics(meta["epoch"])
-    return Position(meta["epoch"], meta["step"], meta["offset"], meta["loss_sum"], str(found.path))
+    return Position(meta["epoch"], meta["step"], meta["offset"], meta["loss_sum"], meta["epoch_steps"],
+                    str(found.path))
 
 
 def evaluate(cfg: Config, data: Dataset, backend: Backend, info: ProcessInfo,

@@ -187,10 +187,10 @@ class TensorFlowBackend(Backend):
         return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return obj if self.info.size == 1 else self.hvd.broadcast_object(obj, root_rank=root)
+        return obj if self.info.size == 1 else self.hvd.broadcast_object(obj, root_rank=root, name="hvtrain.object")
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj)
+        return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj, name="hvtrain.objects")
 
     # -- state and weights -------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:

@@ -1,0 +1,199 @@
+"""Failure and recovery with real processes: SIGKILL, corrupted checkpoints, resume, failing ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvtrain.checkpoint import list_checkpoints
+from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
+
+SLOW = "tests/configs/slow_mlp.yaml"
+
+
+def horovodrun(*args: str, gloo: bool = False) -> list[str]:
+    return [tool("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo" if gloo else "--mpi", *hvtrain(*args)]
+
+
+def mpirun(*args: str) -> list[str]:
+    return [tool("mpirun"), "-np", "2", "--oversubscribe", "--bind-to", "none", *hvtrain(*args)]
+
+
+def launch(np_: int, *args: str) -> list[str]:
+    return hvtrain(*args) if np_ == 1 else horovodrun(*args)
+
+
+def kill_after_checkpoint(argv: list[str], out: Path, min_step: int, timeout: float = 240) -> None:
+    """Start a run, SIGKILL its whole process group once a checkpoint at >= min_step exists."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            done = [p for p in list_checkpoints(out) if int(p.name[6:14]) >= min_step]
+            if done:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.02)
+        else:
+            raise AssertionError("no checkpoint appeared in time")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not (out / "final.safetensors").exists(), "killed too late: the run had finished"
+
+
+def bitwise_equal(a: Path, b: Path) -> None:
+    wa, wb = load_weights(a), load_weights(b)
+    assert sorted(wa) == sorted(wb)
+    for k in wa:
+        assert np.array_equal(wa[k], wb[k]), f"{k} differs by {np.abs(wa[k] - wb[k]).max()}"
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("np_", [1, 2])
+def test_killed_run_resumes_to_identical_weights(tmp_path, backend, np_):
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["train", SLOW, "--backend", backend, "--quiet"]
+    run(launch(np_, *common, "--output-dir", str(full)), timeout=400)
+    steps_per_epoch = -(-32000 // (64 * np_))
+    kill_after_checkpoint(launch(np_, *common, "--output-dir", str(part)), part, 2 * steps_per_epoch)
+    proc = run(launch(np_, *common, "--output-dir", str(part), "--resume", "auto"), timeout=400)
+    assert "resumed from" in proc.stdout
+    bitwise_equal(full / "final.safetensors", part / "final.safetensors")
+    records = [json.loads(ln) for ln in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]  # history continued, nothing repeated
+    assert len(list_checkpoints(part)) <= 3  # keep: 3
+
+
+def test_corrupted_checkpoints_are_reported_and_skipped(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["train", SLOW, "--quiet", "--set", "train.epochs=3"]
+    run(hvtrain(*common, "--output-dir", str(full)))
+    run(hvtrain(*common, "--output-dir", str(part)))
+    newest, middle, oldest = list_checkpoints(part)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
+    data = bytearray(middle.read_bytes())
+    data[-100] ^= 0x01  # one flipped bit in the tensor data
+    middle.write_bytes(bytes(data))
+    corrupted = tmp_path / "corrupted.safetensors"
+    corrupted.write_bytes(bytes(data))  # the resumed run below rewrites `middle` with a good checkpoint
+    (part / "final.safetensors").unlink()
+    proc = run(hvtrain(*common, "--output-dir", str(part), "--resume", "auto"))
+    assert f"skipping checkpoint: {newest}: not a readable checkpoint" in proc.stdout
+    assert f"skipping checkpoint: {middle}: checksum mismatch" in proc.stdout
+    assert f"resumed from {oldest}" in proc.stdout
+    bitwise_equal(full / "final.safetensors", part / "final.safetensors")
+    # naming a corrupted checkpoint explicitly is an error, not a silent fresh start
+    bad = run(hvtrain(*common, "--output-dir", str(tmp_path / "x"), "--resume", str(corrupted)), check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1] == f"hvtrain: error: {corrupted}: checksum mismatch (the file is corrupted)"
+
+
+def test_resume_on_a_different_world_size_says_what_changed(tmp_path):
+    out = tmp_path / "run"
+    run(horovodrun("train", SLOW, "--quiet", "--set", "train.epochs=1", "--output-dir", str(out)))
+    proc = run(hvtrain("train", SLOW, "--set", "train.epochs=2", "--output-dir", str(out), "--resume", "auto"))
+    assert "world size changed 2 -> 1: global batch 128 -> 64, per-rank random streams reseeded" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["epochs"] == 2 and summary["val_accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "gloo", "mpirun"])
+def test_a_rank_that_raises_ends_the_job_quickly_and_says_why(tmp_path, launcher):
+    args = ["train", "tests/configs/entrypoint.yaml", "--set",
+            "model.entrypoint=tests.fixtures.native_models:torch_mlp_failing_on_rank", "--set", "model.kwargs={}",
+            "--set", "train.epochs=50", "--output-dir", str(tmp_path)]
+    argv = mpirun(*args) if launcher == "mpirun" else horovodrun(*args, gloo=launcher == "gloo")
+    started = time.time()
+    proc = run(argv, check=False, timeout=120)
+    assert time.time() - started < 60
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "hvtrain: error: rank 1 of 2: RuntimeError: user model failed on call 6" in text, text[-3000:]
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_a_killed_rank_ends_the_job_quickly(tmp_path, launcher):
+    marker = str(tmp_path / "killme")
+    args = ["train", SLOW, "--quiet", "--set", "train.epochs=30", "--output-dir", marker]
+    argv = mpirun(*args) if launcher == "mpirun" else horovodrun(*args)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        victim = None
+        while victim is None and time.time() < deadline:  # the rank-1 worker: a python process with our marker
+            time.sleep(0.5)
+            ps = subprocess.run(["pgrep", "-f", f"hvtrain train {SLOW}.*{marker}"], capture_output=True, text=True)
+            pids = sorted(int(p) for p in ps.stdout.split())
+            workers = [p for p in pids if "python" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode()]
+            if len(workers) == 2 and (Path(marker) / "metrics.jsonl").exists():
+                victim = workers[1]
+        assert victim, "workers not found"
+        os.kill(victim, signal.SIGKILL)
+        killed = time.time()
+        out, _ = proc.communicate(timeout=90)
+        assert time.time() - killed < 60
+        assert proc.returncode != 0
+        assert "signal 9" in out or "Killed" in out or "exit with status" in out, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("change,differs", [
+    (["--set", "optimizer.lr=0.2"], "rank 1: config"),
+    (["--set", "data.validation_split=0.3"], "rank 1: config, data"),
+    (["--set", "model.layers.0.units=96"], "rank 1: config, model"),
+])
+def test_ranks_that_disagree_are_named_at_start(tmp_path, change, differs):
+    base = hvtrain("train", "examples/digits_mlp.yaml", "--output-dir", str(tmp_path))
+    argv = [tool("mpirun"), "--oversubscribe", "-np", "1", *base, ":", "-np", "1", *base, *change]
+    proc = run(argv, check=False, timeout=120)
+    assert proc.returncode != 0
+    errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "hvtrain: error:" in ln]
+    assert errors and f"ranks disagree with rank 0 ({differs})" in errors[0], errors
+    assert "epoch 1/" not in proc.stdout
+
+
+def digits_csv_with_nan(path: Path) -> None:
+    """Digits with one NaN feature: the loss of the batch holding that sample is not finite
+    (with tanh; oneDNN's relu in TF maps NaN to 0, which would hide it)."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = x.astype(float)
+    x[100, 5] = float("nan")
+    rows = [",".join([f"p{i}" for i in range(64)] + ["label"])]
+    rows += [",".join([str(float(v)) for v in xi] + [str(yi)]) for xi, yi in zip(x, y, strict=True)]
+    path.write_text("\n".join(rows) + "\n")
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_non_finite_loss_stops_or_skips(tmp_path, backend):
+    csv = tmp_path / "digits.csv"
+    digits_csv_with_nan(csv)
+    args = ["train", "examples/digits_mlp.yaml", "--backend", backend, "--set", f"data.dataset=csv:{csv}",
+            "--set", "data.normalize=none", "--set", "optimizer.lr=0.01", "--set", "train.epochs=3",
+            "--set", "model.layers.0.activation=tanh",
+            "--set", "train.checkpoint_every=1"]
+    stop = run(horovodrun(*args, "--output-dir", str(tmp_path / "stop")), check=False, timeout=120)
+    assert stop.returncode != 0
+    assert "non-finite loss at epoch 1, step" in stop.stdout + stop.stderr
+    assert "(train.on_nan: stop" in stop.stdout + stop.stderr
+    assert not list_checkpoints(tmp_path / "stop")  # nothing non-finite was ever written
+    run(horovodrun(*args, "--set", "train.on_nan=skip", "--output-dir", str(tmp_path / "skip")))
+    weights = load_weights(tmp_path / "skip/final.safetensors")
+    assert all(np.isfinite(v).all() for v in weights.values())
+    summary = json.loads((tmp_path / "skip/summary.json").read_text())
+    assert np.isfinite(summary["train_loss"]) and summary["val_accuracy"] > 0.9
