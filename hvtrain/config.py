@@ -269,6 +269,8 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
         text = Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read config ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
     try:
         raw = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as exc:
