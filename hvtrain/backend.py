@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -92,6 +93,18 @@ class Backend(ABC):
     @abstractmethod
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
         """Inverse of get_state; `rng=False` keeps this rank's fresh RNG (world size changed)."""
+
+    @abstractmethod
+    def elastic_state(self, counters: dict[str, Any]) -> Any:
+        """Horovod elastic state tracking model, optimizer and `counters` (commit/restore/sync)."""
+
+    @abstractmethod
+    def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`fn` wrapped by hvd.elastic.run: re-run from the last commit after a reset."""
+
+    @abstractmethod
+    def refresh(self) -> ProcessInfo:
+        """Re-read rank and size (after an elastic reset) and adapt size-dependent state."""
 
     @abstractmethod
     def get_weights(self) -> dict[str, np.ndarray]:

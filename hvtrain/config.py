@@ -68,6 +68,7 @@ class TrainConfig:
     checkpoint_unit: Literal["epoch", "step"] = "epoch"
     keep: int = 3  # newest checkpoints kept
     on_nan: Literal["stop", "skip"] = "stop"  # non-finite loss: stop with step and rank, or skip the update
+    elastic_commit_every: int = 20  # --elastic: optimizer steps between in-memory state commits
 
 
 @dataclass
@@ -301,7 +302,8 @@ def _check(cfg: Config) -> None:
     if not 0.0 <= d.validation_split < 1.0:
         raise cfg.fail("data.validation_split", f"expected 0 <= value < 1, got {d.validation_split}")
     for path, value in [("data.batch_size", d.batch_size), ("train.epochs", t.epochs),
-                        ("train.grad_accumulation", t.grad_accumulation), ("train.log_every", t.log_every)]:
+                        ("train.grad_accumulation", t.grad_accumulation), ("train.log_every", t.log_every),
+                        ("train.elastic_commit_every", t.elastic_commit_every)]:
         if value < 1:
             raise cfg.fail(path, f"expected an integer >= 1, got {value}")
     if t.checkpoint_every < 0 or t.keep < 1:

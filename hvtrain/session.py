@@ -17,7 +17,7 @@ import numpy as np
 
 from hvtrain.config import Config, load_config
 from hvtrain.data import Dataset, load_dataset
-from hvtrain.dist import setting
+from hvtrain.dist import elastic_launch, setting
 from hvtrain.errors import ConfigError, DataError, HvtrainError
 from hvtrain.spec import ModelSpec, build_spec, check_against_data, check_weights
 
@@ -49,22 +49,30 @@ def prepare(config_path: str, backend: str | None = None, output_dir: str | None
 
 
 def train(config_path: str, backend: str | None = None, output_dir: str | None = None,
-          overrides: Sequence[str] = (), quiet: bool = False, resume: str | None = None) -> dict[str, Any]:
+          overrides: Sequence[str] = (), quiet: bool = False, resume: str | None = None,
+          elastic: bool = False) -> dict[str, Any]:
     from hvtrain.backend import get_backend
     from hvtrain.output import Reporter
     from hvtrain.trainer import fit
 
     p = prepare(config_path, backend, output_dir, overrides)
+    if elastic and resume is not None:
+        raise ConfigError("--elastic and --resume cannot be combined: elastic state is committed in memory "
+                          "and restored by Horovod; resume a non-elastic run from its checkpoints instead")
+    if elastic and not elastic_launch():
+        raise ConfigError("--elastic: not launched by Horovod elastic; use horovodrun -np N --min-np A --max-np B "
+                          "--host-discovery-script SCRIPT hvtrain train CONFIG --elastic")
     if p.cfg.pipelined:
-        if resume is not None:
-            raise ConfigError("--resume: checkpoints of pipelined runs are not supported yet")
+        if resume is not None or elastic:
+            raise ConfigError("--resume/--elastic: pipelined runs cannot be checkpointed or made elastic yet")
         return _train_pipeline(p, quiet)
     engine = get_backend(p.cfg.backend)
     info = engine.init(p.cfg)
     with ending_cleanly(info):
-        check_agreement(p, engine, info)
-        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet, keep_metrics=resume is not None)
-        summary = fit(p.cfg, p.spec, p.data, engine, info, reporter, resume)
+        if not elastic:  # elastic: workers join mid-run, where only Horovod's state sync may talk
+            check_agreement(p, engine, info)
+        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet, keep_metrics=resume is not None or elastic)
+        summary = fit(p.cfg, p.spec, p.data, engine, info, reporter, resume, elastic)
     engine.shutdown()
     return summary
 

@@ -8,7 +8,8 @@ progress-bar refresh every `train.log_every` steps on the main rank).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -55,16 +56,57 @@ class LRSchedule:
 
 
 def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, info: ProcessInfo,
-        reporter: Reporter, resume: str | None = None) -> dict[str, Any]:
+        reporter: Reporter, resume: str | None = None, elastic: bool = False) -> dict[str, Any]:
     """Train for `cfg.train.epochs`; write metrics.jsonl, summary.json, final.safetensors and
-    (if configured) checkpoints; continue from a checkpoint when `resume` is given."""
+    (if configured) checkpoints; continue from a checkpoint when `resume` is given. With
+    `elastic`, run under Horovod elastic: state committed every `train.elastic_commit_every`
+    steps, restored and re-sharded for the new world size when workers leave or join."""
     t0 = time.perf_counter()
     backend.build(cfg, spec, spec.init_weights(cfg.seed) if spec is not None else None, data.num_outputs)
+    pos = _resume(cfg, backend, info, reporter, resume) if resume else Position()
+    if elastic:
+        state = backend.elastic_state(asdict(pos))
+
+        def attempt(state: Any) -> tuple[EpochResult | None, ProcessInfo, Reporter]:
+            now = backend.refresh()  # rank and size after a reset
+            again = Reporter(now, reporter.out_dir, quiet=reporter.quiet, keep_metrics=True)
+            start = Position(**{k: getattr(state, k) for k in asdict(Position())})
+            again.truncate_metrics(start.epoch)
+
+            def commit(here: Position) -> None:
+                for k, v in asdict(here).items():
+                    setattr(state, k, v)
+                state.commit()
+
+            return _epochs(cfg, spec, data, backend, now, again, start, commit), now, again
+
+        result, info, reporter = backend.elastic_run(attempt)(state)
+    else:
+        result = _epochs(cfg, spec, data, backend, info, reporter, pos, None)
+
+    weights = backend.get_weights()
+    reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, spec))
+    summary = {
+        "name": cfg.name, "backend": cfg.backend, "world_size": info.size, "controller": info.controller,
+        "epochs": cfg.train.epochs, "train_loss": result.train_loss if result else None,
+        **({f"val_{k}": v for k, v in result.val.items()} if result else {}),
+        "samples_per_sec": result.samples_per_sec if result else None,
+        "total_seconds": time.perf_counter() - t0, "weights": WEIGHTS_FILE,
+        "resumed_from": pos.source, "elastic": elastic, "hvtrain_version": __version__,
+    }
+    reporter.write_json("summary.json", summary)
+    reporter.print(f"done in {summary['total_seconds']:.1f}s; outputs in {reporter.out_dir}")
+    return summary
+
+
+def _epochs(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, info: ProcessInfo,
+            reporter: Reporter, pos: Position, commit: Callable[[Position], None] | None) -> EpochResult | None:
+    """The epoch loop from `pos` to the end. `commit` (elastic) is called with the position
+    every `train.elastic_commit_every` steps and after each epoch."""
     b, acc = cfg.data.batch_size, cfg.train.grad_accumulation
     global_batch = b * info.size
     n_steps = steps_per_epoch(len(data.x_train), b, info.size, acc)
     schedule = LRSchedule(cfg, info.size, n_steps)
-    pos = _resume(cfg, backend, info, reporter, resume) if resume else Position()
     reporter.print(f"hvtrain {__version__}: {cfg.name} on {cfg.backend}, {info.size} rank(s) "
                    f"[{info.controller}], {len(data.x_train)} train / {len(data.x_val)} val samples, "
                    f"global batch {global_batch * acc}, {n_steps} steps/epoch"
@@ -77,7 +119,7 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
         started = time.perf_counter()
         offset = pos.offset if epoch == pos.epoch else 0
         carried = pos.loss_sum if epoch == pos.epoch and info.is_main else 0.0
-        epoch_steps = pos.epoch_steps if epoch == pos.epoch else 0  # optimizer steps done in this epoch
+        first_steps = epoch_steps = pos.epoch_steps if epoch == pos.epoch else 0  # steps done in this epoch
         order = epoch_permutation(len(data.x_train), cfg.seed, epoch, cfg.data.shuffle)[offset:]
         backend.loss_sum(reset=True)
         bar = reporter.progress(n_steps, f"epoch {epoch + 1}/{cfg.train.epochs}")
@@ -93,19 +135,25 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
                 raise HvtrainError(f"non-finite loss at epoch {epoch + 1}, step {step + 1} on rank {info.rank} "
                                    "(train.on_nan: stop; set train.on_nan: skip to skip such updates)")
             micro += 1
-            if batch.apply:
-                step += 1
-                epoch_steps += 1
-                bar.update()
-                if reporter.enabled and step % cfg.train.log_every == 0:
-                    done = epoch_steps - (pos.epoch_steps if epoch == pos.epoch else 0)
-                    rate = done * global_batch * acc / (time.perf_counter() - started)
-                    bar.set_postfix_str(f"loss~{backend.loss_sum() * info.size / done:.4f} {rate:,.0f} samples/s")
-                if by_step and every and step % every == 0:
-                    consumed = min(offset + micro * global_batch, len(data.x_train))
-                    if consumed < len(data.x_train):  # an epoch-end checkpoint follows otherwise
-                        here = Position(epoch, step, consumed, carried + backend.loss_sum(), epoch_steps)
-                        _checkpoint(cfg, backend, info, reporter, here)
+            if not batch.apply:
+                continue
+            step += 1
+            epoch_steps += 1
+            bar.update()
+            if reporter.enabled and step % cfg.train.log_every == 0:
+                rate = (epoch_steps - first_steps) * global_batch * acc / (time.perf_counter() - started)
+                loss = backend.loss_sum() * info.size / (epoch_steps - first_steps)
+                bar.set_postfix_str(f"loss~{loss:.4f} {rate:,.0f} samples/s")
+            consumed = offset + micro * global_batch
+            save = by_step and every and step % every == 0
+            sync = commit is not None and step % cfg.train.elastic_commit_every == 0
+            if (save or sync) and consumed < len(data.x_train):  # else the epoch end handles it
+                loss = float(backend.allreduce_sum(np.array([carried + backend.loss_sum()]))[0])
+                position = Position(epoch, step, consumed, loss, epoch_steps)
+                if save:
+                    _checkpoint(cfg, backend, info, reporter, position)
+                if sync:
+                    commit(position)
         bar.close()
         train_seconds = time.perf_counter() - started
         val = evaluate(cfg, data, backend, info, extra=[backend.loss_sum() + carried])
@@ -119,20 +167,9 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
         reporter.print(epoch_line(cfg, result))
         if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0):
             _checkpoint(cfg, backend, info, reporter, Position(epoch + 1, step))
-
-    weights = backend.get_weights()
-    reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, spec))
-    summary = {
-        "name": cfg.name, "backend": cfg.backend, "world_size": info.size, "controller": info.controller,
-        "epochs": cfg.train.epochs, "train_loss": result.train_loss if result else None,
-        **({f"val_{k}": v for k, v in result.val.items()} if result else {}),
-        "samples_per_sec": result.samples_per_sec if result else None,
-        "total_seconds": time.perf_counter() - t0, "weights": WEIGHTS_FILE,
-        "resumed_from": pos.source, "hvtrain_version": __version__,
-    }
-    reporter.write_json("summary.json", summary)
-    reporter.print(f"done in {summary['total_seconds']:.1f}s; outputs in {reporter.out_dir}")
-    return summary
+        if commit is not None:
+            commit(Position(epoch + 1, step))
+    return result
 
 
 @dataclass
@@ -145,13 +182,13 @@ class Position:
     offset: int = 0
     loss_sum: float = 0.0
     epoch_steps: int = 0
-    source: str | None = None
+    source: str | None = None  # not part of the elastic state
 
 
 def _checkpoint(cfg: Config, backend: Backend, info: ProcessInfo, reporter: Reporter, pos: Position) -> None:
     state, rng = checkpoint.split_rng(backend.get_state())
     rngs = backend.allgather_object(rng)  # every rank's random stream, so each resumes its own
-    loss_sum = float(backend.allreduce_sum(np.array([pos.loss_sum]))[0]) if pos.offset else 0.0
+    loss_sum = pos.loss_sum if pos.offset else 0.0  # already summed over ranks by the caller
     if not info.is_main:
         return
     for r, entries in enumerate(rngs):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,7 +21,7 @@ import tensorflow as tf  # noqa: E402
 from hvtrain.backend import Backend  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
 from hvtrain.dist import ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env  # noqa: E402
-from hvtrain.errors import ConfigError  # noqa: E402
+from hvtrain.errors import BackendUnavailable, ConfigError  # noqa: E402
 from hvtrain.placement.plan import PipelinePlan, Stage  # noqa: E402
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer  # noqa: E402
 
@@ -191,6 +192,21 @@ class TensorFlowBackend(Backend):
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj, name="hvtrain.objects")
+
+    def elastic_state(self, counters: dict[str, Any]) -> Any:
+        # horovod.tensorflow.elastic.TensorFlowState does not re-broadcast variables in TF2 eager
+        # mode on sync (it relies on a TF1 session), so new workers would keep stale weights.
+        raise BackendUnavailable("--elastic is supported by the torch backend only (Horovod's TensorFlow elastic "
+                                 "state does not resynchronise Keras 3 variables); use --backend torch")
+
+    def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        return self.hvd.elastic.run(fn)
+
+    def refresh(self) -> ProcessInfo:
+        self.info = ProcessInfo(self.hvd.rank(), self.hvd.size(), self.hvd.local_rank(), self.hvd.local_size(),
+                                self.info.controller)
+        self._compile()  # the world size is baked into the compiled steps
+        return self.info
 
     # -- state and weights -------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:

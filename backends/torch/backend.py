@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,14 @@ import torch
 
 from hvtrain.backend import Backend
 from hvtrain.config import Config
-from hvtrain.dist import ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env
+from hvtrain.dist import (
+    ProcessInfo,
+    default_threads,
+    elastic_launch,
+    horovod_env,
+    launched_with_gloo,
+    local_size_from_env,
+)
 from hvtrain.errors import ConfigError
 from hvtrain.placement.plan import PipelinePlan, Stage
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer
@@ -56,9 +64,10 @@ class TorchBackend(Backend):
         if weights is not None:
             self.set_weights(weights)
         self.optimizer = make_optimizer(cfg, self.model)
-        if self.info.size > 1:
+        if self.info.size > 1 and not elastic_launch():  # elastic: state.sync() broadcasts
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        if self.info.size > 1 or elastic_launch():  # elastic: the world may grow later
             compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
             self.optimizer = hvd.DistributedOptimizer(
                 self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
@@ -106,7 +115,7 @@ class TorchBackend(Backend):
         return finite
 
     def _update(self) -> None:
-        distributed = self.info.size > 1
+        distributed = self.info.size > 1 or elastic_launch()
         if distributed and (self.scaler is not None or self.skip_nan):
             self.optimizer.synchronize()  # averaged gradients, before deciding anything on them
         if self.scaler is not None:
@@ -163,6 +172,17 @@ class TorchBackend(Backend):
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj, name="hvtrain.objects")
+
+    def elastic_state(self, counters: dict[str, Any]) -> Any:
+        return self.hvd.elastic.TorchState(model=self.model, optimizer=self.optimizer, **counters)
+
+    def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        return self.hvd.elastic.run(fn)
+
+    def refresh(self) -> ProcessInfo:
+        self.info = ProcessInfo(self.hvd.rank(), self.hvd.size(), self.hvd.local_rank(), self.hvd.local_size(),
+                                self.info.controller)
+        return self.info
 
     # -- state and weights -------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:

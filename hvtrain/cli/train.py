@@ -11,10 +11,12 @@ import click
               help="Override a config value (repeatable), e.g. --set train.epochs=5.")
 @click.option("--resume", metavar="auto|PATH",
               help="Continue from a checkpoint: the newest one in output_dir that verifies (auto), or PATH.")
+@click.option("--elastic", is_flag=True,
+              help="Horovod elastic (under horovodrun --min-np/--max-np/--host-discovery-script).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def train(config: str, backend: str | None, output_dir: str | None, overrides: tuple[str, ...],
-          resume: str | None, quiet: bool) -> None:
+          resume: str | None, elastic: bool, quiet: bool) -> None:
     """Train CONFIG on this process's ranks (alone, or under horovodrun/mpirun)."""
     from hvtrain.session import train as run
 
-    run(config, backend, output_dir, overrides, quiet=quiet, resume=resume)
+    run(config, backend, output_dir, overrides, quiet=quiet, resume=resume, elastic=elastic)

@@ -1,0 +1,104 @@
+"""Horovod elastic on one machine: a worker is SIGKILLed mid-epoch, the survivor goes on at size 1,
+then the discovery script offers a slot again and the world grows back to 2.
+
+Horovod blacklists a host whose worker died, so the slots are offered under different names of
+this machine: `localhost`, `127.0.0.1`, then one of its non-loopback IPv4 addresses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, hvtrain, run, run_env, tool
+
+SLOW = "tests/configs/slow_mlp.yaml"
+
+
+def records(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being appended right now
+            break
+    return out
+
+
+def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        assert proc.poll() is None, f"the job ended while waiting for {what}"
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def worker_with_rank(rank: int, marker: str) -> int | None:
+    for p in psutil.process_iter(["pid", "cmdline", "environ"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        env = p.info["environ"] or {}
+        if marker in cmd and "python" in (p.info["cmdline"] or [""])[0] and env.get("HOROVOD_RANK") == str(rank):
+            return p.info["pid"]
+    return None
+
+
+def third_local_address() -> str:
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    pytest.fail("this machine has no non-loopback IPv4 address to offer as a third local host")
+
+
+def test_worker_killed_then_slot_added_back(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    out = tmp_path / "run"
+    argv = [tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
+            "--host-discovery-script", str(script),
+            *hvtrain("train", SLOW, "--elastic", "--set", "train.epochs=12", "--set", "train.checkpoint_every=0",
+                     "--output-dir", str(out))]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        wait_for(lambda: len(records(out)) >= 2, proc, "two epochs on 2 ranks")
+        assert records(out)[-1]["world_size"] == 2
+        victim = worker_with_rank(1, str(out))
+        assert victim, "rank 1 worker not found"
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: any(r["world_size"] == 1 for r in records(out)), proc, "an epoch on the survivor alone")
+        hosts.write_text(f"localhost:1\n127.0.0.1:1\n{third_local_address()}:1\n")
+        shrunk = next(i for i, r in enumerate(records(out)) if r["world_size"] == 1)
+        wait_for(lambda: any(r["world_size"] == 2 for r in records(out)[shrunk:]), proc, "the world to grow back")
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-3000:]
+    history = records(out)
+    assert [r["epoch"] for r in history] == list(range(1, 13))  # every epoch once, none lost or repeated
+    sizes = [r["world_size"] for r in history]
+    assert 1 in sizes and sizes[-1] == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["elastic"] and summary["val_accuracy"] >= 0.85, summary
+
+
+def test_elastic_flag_needs_an_elastic_launch(tmp_path):
+    proc = run(hvtrain("train", SLOW, "--elastic", "--output-dir", str(tmp_path)), check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("hvtrain: error: --elastic: not launched by Horovod elastic")
