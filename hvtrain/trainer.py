@@ -84,7 +84,13 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
     else:
         result = _epochs(cfg, spec, data, backend, info, reporter, pos, None)
 
-    weights = backend.get_weights()
+    return finish(cfg, spec, info, reporter, result, t0, backend.get_weights(),
+                  {"resumed_from": pos.source, "elastic": elastic})
+
+
+def finish(cfg: Config, spec: ModelSpec | None, info: ProcessInfo, reporter: Reporter, result: EpochResult | None,
+           t0: float, weights: dict[str, np.ndarray], extra: dict[str, Any]) -> dict[str, Any]:
+    """final.safetensors and summary.json (the last epoch's figures plus run facts)."""
     reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, spec))
     summary = {
         "name": cfg.name, "backend": cfg.backend, "world_size": info.size, "controller": info.controller,
@@ -92,11 +98,19 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
         **({f"val_{k}": v for k, v in result.val.items()} if result else {}),
         "samples_per_sec": result.samples_per_sec if result else None,
         "total_seconds": time.perf_counter() - t0, "weights": WEIGHTS_FILE,
-        "resumed_from": pos.source, "elastic": elastic, "hvtrain_version": __version__,
+        **extra, "hvtrain_version": __version__,
     }
     reporter.write_json("summary.json", summary)
     reporter.print(f"done in {summary['total_seconds']:.1f}s; outputs in {reporter.out_dir}")
     return summary
+
+
+def record_epoch(cfg: Config, info: ProcessInfo, reporter: Reporter, result: EpochResult, lr: float | None) -> None:
+    """One metrics.jsonl line and one printed line per epoch."""
+    reporter.append_metrics({"epoch": result.epoch, "train_loss": result.train_loss,
+                             **{f"val_{k}": v for k, v in result.val.items()},
+                             "samples_per_sec": result.samples_per_sec, "lr": lr, "world_size": info.size})
+    reporter.print(epoch_line(cfg, result))
 
 
 def _epochs(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, info: ProcessInfo,
@@ -160,11 +174,7 @@ def _epochs(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend
         train_loss = val.pop("extra0") / max(1, epoch_steps)
         result = EpochResult(epoch + 1, train_loss, val, (len(data.x_train) - offset) / train_seconds,
                              time.perf_counter() - started)
-        record = {"epoch": result.epoch, "train_loss": result.train_loss,
-                  **{f"val_{k}": v for k, v in val.items()},
-                  "samples_per_sec": result.samples_per_sec, "lr": current_lr, "world_size": info.size}
-        reporter.append_metrics(record)
-        reporter.print(epoch_line(cfg, result))
+        record_epoch(cfg, info, reporter, result, current_lr)
         if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0):
             _checkpoint(cfg, backend, info, reporter, Position(epoch + 1, step))
         if commit is not None:
@@ -248,14 +258,20 @@ def evaluate(cfg: Config, data: Dataset, backend: Backend, info: ProcessInfo,
         sums += backend.eval_batch(data.x_val[chunk], data.y_val[chunk])
     extra = list(extra or [])
     total = backend.allreduce_sum(np.concatenate([sums, [len(idx)], extra]).astype(np.float64))
-    loss, correct, sq, ab, count = total[:5]
+    out = metrics_from_sums(cfg, total[:5])
+    for i, v in enumerate(total[5:]):
+        out[f"extra{i}"] = float(v)
+    return out
+
+
+def metrics_from_sums(cfg: Config, total: np.ndarray) -> dict[str, float]:
+    """Global [loss, correct, squared error, absolute error, count] sums -> validation metrics."""
+    loss, correct, sq, ab, count = total
     out: dict[str, float] = {"loss": loss / count if count else float("nan")}
     for name in cfg.metrics:
         value = {"accuracy": correct, "mse": sq, "mae": ab}[name]
         out[name] = value / count if count else float("nan")
     out["samples"] = int(count)
-    for i, v in enumerate(total[5:]):
-        out[f"extra{i}"] = float(v)
     return out
 
 

@@ -52,7 +52,7 @@ class TensorFlowStage(StageEngine):
     def forward(self, key: int, x: np.ndarray) -> np.ndarray:
         return self._run(key, x).numpy()
 
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
+    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> bool:
         losses = []
 
         def finish(out):
@@ -62,6 +62,7 @@ class TensorFlowStage(StageEngine):
 
         self._run(key, x, finish)
         self.loss_acc += float(losses[0])
+        return bool(np.isfinite(float(losses[0])))
 
     def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
         tape, inp, target = self.graphs.pop(key)

@@ -59,12 +59,13 @@ class TorchStage(StageEngine):
         self.graphs[key] = (inp, out)
         return out.detach().cpu().numpy()
 
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
+    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> bool:
         inp, out = self._run(key, x)
         loss = (self.loss_fn(out.float(), torch.from_numpy(y).to(self.device)) *
                 torch.from_numpy(w).to(self.device)).sum()
         self.loss_acc += loss.detach().cpu()
         self.graphs[key] = (inp, loss * self.replicas)  # Horovod averages over the replicas
+        return bool(torch.isfinite(loss))
 
     def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
         inp, out = self.graphs.pop(key)

@@ -18,12 +18,13 @@ from mpi4py import MPI
 from hvtrain.config import Config
 from hvtrain.data import Dataset, epoch_permutation, shard_batches, shard_eval, steps_per_epoch
 from hvtrain.dist import ProcessInfo
+from hvtrain.errors import HvtrainError
 from hvtrain.output import Reporter
 from hvtrain.placement.plan import PipelinePlan
 from hvtrain.placement.schedule import stage_ops
 from hvtrain.placement.stage import StageEngine
 from hvtrain.spec import ModelSpec
-from hvtrain.trainer import EVAL_BATCH, WEIGHTS_FILE, EpochResult, LRSchedule, epoch_line, weight_metadata
+from hvtrain.trainer import EVAL_BATCH, EpochResult, LRSchedule, finish, metrics_from_sums, record_epoch
 
 # Training tags are 2m and 2m+1 (m < micro_batches <= 4096); MPI guarantees tags up to 32767.
 _EVAL_TAG = 20_000
@@ -32,6 +33,7 @@ _EVAL_TAG = 20_000
 class PipelineRunner:
     def __init__(self, plan: PipelinePlan, spec: ModelSpec, engine: StageEngine, comm: Any, rank: int):
         self.plan, self.engine, self.comm = plan, engine, comm
+        self.rank = rank
         self.s = plan.stage_of(rank)
         self.replica = plan.replica_of(rank)
         stage = plan.stages[self.s]
@@ -58,7 +60,9 @@ class PipelineRunner:
                 else:
                     x = self._recv(self.prev, (len(sel),) + self.in_shape, 2 * m)
                 if self.last:
-                    self.engine.forward_loss(m, x, data.y_train[idx[sel]], w[sel])
+                    if not self.engine.forward_loss(m, x, data.y_train[idx[sel]], w[sel]):
+                        raise HvtrainError(f"non-finite loss in micro-batch {m} on rank {self.rank} (last stage; "
+                                           "train.on_nan: stop)")
                 else:
                     out = np.ascontiguousarray(self.engine.forward(m, x), np.float32)
                     sends.append((self.comm.Isend(out, dest=self.next, tag=2 * m), out))
@@ -119,36 +123,17 @@ def fit_pipeline(cfg: Config, spec: ModelSpec, data: Dataset, engine: StageEngin
                                 [engine.loss_sum() if runner.last else 0.0]])
         total = np.empty_like(local)
         comm.Allreduce(local, total, op=MPI.SUM)
-        loss, correct, sq, ab, count, train_sum = total
-        val = {"loss": loss / count if count else float("nan")}
-        for name in cfg.metrics:
-            val[name] = {"accuracy": correct, "mse": sq, "mae": ab}[name] / count if count else float("nan")
-        val["samples"] = int(count)
-        result = EpochResult(epoch + 1, train_sum / n_steps, val, len(data.x_train) / train_seconds,
+        val = metrics_from_sums(cfg, total[:5])
+        result = EpochResult(epoch + 1, total[5] / n_steps, val, len(data.x_train) / train_seconds,
                              time.perf_counter() - started)
-        reporter.append_metrics({"epoch": result.epoch, "train_loss": result.train_loss,
-                                 **{f"val_{k}": v for k, v in val.items()},
-                                 "samples_per_sec": result.samples_per_sec, "lr": current_lr,
-                                 "world_size": info.size})
-        reporter.print(epoch_line(cfg, result))
+        record_epoch(cfg, info, reporter, result, current_lr)
 
     # One neutral file, identical to an unpipelined run's: replica 0's stages, gathered on rank 0.
     pieces = comm.gather(engine.get_weights() if runner.replica == 0 else {}, root=0)
     per_rank = comm.gather({"params": engine.param_count(), "peak_in_flight": runner.peak_in_flight,
                             "peak_activation_bytes": engine.peak_activation_bytes()}, root=0)
     weights = {k: v for piece in (pieces or []) for k, v in piece.items()}
-    reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, spec))
-    summary = {
-        "name": cfg.name, "backend": cfg.backend, "world_size": info.size, "controller": info.controller,
-        "epochs": cfg.train.epochs, "train_loss": result.train_loss if result else None,
-        **({f"val_{k}": v for k, v in result.val.items()} if result else {}),
-        "samples_per_sec": result.samples_per_sec if result else None,
-        "total_seconds": time.perf_counter() - t0, "weights": WEIGHTS_FILE,
-        "pipeline": {"stages": plan.num_stages, "replicas": D, "micro_batches": plan.micro_batches,
-                     "schedule": plan.schedule, "bubble": plan.bubble,
-                     "stage_params": [st.params for st in plan.stages],
-                     "ranks": per_rank},
-    }
-    reporter.write_json("summary.json", summary)
-    reporter.print(f"done in {summary['total_seconds']:.1f}s; outputs in {reporter.out_dir}")
-    return summary
+    pipeline = {"stages": plan.num_stages, "replicas": D, "micro_batches": plan.micro_batches,
+                "schedule": plan.schedule, "bubble": plan.bubble, "stage_params": [st.params for st in plan.stages],
+                "ranks": per_rank}
+    return finish(cfg, spec, info, reporter, result, t0, weights, {"pipeline": pipeline})

@@ -15,8 +15,9 @@ class StageEngine(ABC):
         """Training forward of micro-batch `key`; keep its graph until backward(key)."""
 
     @abstractmethod
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
-        """Last stage: forward and the weighted loss sum(l_i * w_i); keep the graph."""
+    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> bool:
+        """Last stage: forward and the weighted loss sum(l_i * w_i); keep the graph. False if the
+        loss is not finite."""
 
     @abstractmethod
     def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
