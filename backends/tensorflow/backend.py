@@ -20,11 +20,19 @@ import tensorflow as tf  # noqa: E402
 
 from hvtrain.backend import Backend  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
-from hvtrain.dist import ProcessInfo, default_threads, horovod_env, launched_with_gloo, local_size_from_env  # noqa: E402
-from hvtrain.errors import BackendUnavailable, ConfigError  # noqa: E402
+from hvtrain.dist import (  # noqa: E402
+    ProcessInfo,
+    default_threads,
+    elastic_launch,
+    horovod_env,
+    launched_with_gloo,
+    local_size_from_env,
+)
+from hvtrain.errors import ConfigError  # noqa: E402
 from hvtrain.placement.plan import PipelinePlan, Stage  # noqa: E402
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer  # noqa: E402
 
+from .elastic import keras_state  # noqa: E402
 from .model import build_model, keras_to_neutral, neutral_to_keras  # noqa: E402
 from .ops import LOSSES, eval_sums, make_optimizer  # noqa: E402
 from .stage import TensorFlowStage  # noqa: E402
@@ -70,7 +78,7 @@ class TensorFlowBackend(Backend):
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         self.train_vars = self.model.trainable_variables
         self.optimizer.build(self.train_vars)
-        if self.info.size > 1:
+        if self.info.size > 1 and not elastic_launch():  # elastic: the state's sync() broadcasts
             # RNG (seed generator) states stay per rank, everything else comes from rank 0
             hvd.broadcast_variables([v.value for v in self.model.variables if not _is_rng(v)], root_rank=0)
             hvd.broadcast_variables([v.value for v in self.optimizer.variables], root_rank=0)
@@ -194,13 +202,23 @@ class TensorFlowBackend(Backend):
         return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj, name="hvtrain.objects")
 
     def elastic_state(self, counters: dict[str, Any]) -> Any:
-        # horovod.tensorflow.elastic.TensorFlowState does not re-broadcast variables in TF2 eager
-        # mode on sync (it relies on a TF1 session), so new workers would keep stale weights.
-        raise BackendUnavailable("--elastic is supported by the torch backend only (Horovod's TensorFlow elastic "
-                                 "state does not resynchronise Keras 3 variables); use --backend torch")
+        return keras_state(self.hvd, lambda: [v for v in self.model.variables if not _is_rng(v)]
+                           + list(self.optimizer.variables), **counters)
 
     def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        return self.hvd.elastic.run(fn)
+        from horovod.common.exceptions import HorovodInternalError
+
+        def guarded(state: Any) -> Any:
+            # horovod.tensorflow.elastic.run only recognises failed Allreduce/Allgather/Broadcast ops
+            # and silently returns None for others (GroupedAllreduce): translate them here.
+            try:
+                return fn(state)
+            except tf.errors.UnknownError as exc:
+                if "Horovod" in str(exc):
+                    raise HorovodInternalError(exc) from exc
+                raise
+
+        return self.hvd.elastic.run(guarded)
 
     def refresh(self) -> ProcessInfo:
         self.info = ProcessInfo(self.hvd.rank(), self.hvd.size(), self.hvd.local_rank(), self.hvd.local_size(),

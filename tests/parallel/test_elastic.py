@@ -62,7 +62,8 @@ def third_local_address() -> str:
     pytest.fail("this machine has no non-loopback IPv4 address to offer as a third local host")
 
 
-def test_worker_killed_then_slot_added_back(tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_worker_killed_then_slot_added_back(tmp_path, backend):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     script = tmp_path / "discover.sh"
@@ -71,7 +72,7 @@ def test_worker_killed_then_slot_added_back(tmp_path):
     out = tmp_path / "run"
     argv = [tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
             "--host-discovery-script", str(script),
-            *hvtrain("train", SLOW, "--elastic", "--set", "train.epochs=12", "--set", "train.checkpoint_every=0",
+            *hvtrain("train", SLOW, "--elastic", "--backend", backend, "--set", "train.epochs=12", "--set", "train.checkpoint_every=0",
                      "--output-dir", str(out))]
     proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
