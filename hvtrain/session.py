@@ -63,9 +63,9 @@ def train(config_path: str, backend: str | None = None, output_dir: str | None =
         raise ConfigError("--elastic: not launched by Horovod elastic; use horovodrun -np N --min-np A --max-np B "
                           "--host-discovery-script SCRIPT hvtrain train CONFIG --elastic")
     if p.cfg.pipelined:
-        if resume is not None or elastic:
-            raise ConfigError("--resume/--elastic: pipelined runs cannot be checkpointed or made elastic yet")
-        return _train_pipeline(p, quiet)
+        if elastic:
+            raise ConfigError("--elastic: pipelined runs cannot be elastic (stages are bound to ranks)")
+        return _train_pipeline(p, quiet, resume)
     engine = get_backend(p.cfg.backend)
     info = engine.init(p.cfg)
     with ending_cleanly(info):
@@ -125,7 +125,7 @@ def fingerprints(p: Prepared) -> dict[str, str]:
             "model": hashlib.sha256(repr(model).encode()).hexdigest()[:16]}
 
 
-def _train_pipeline(p: Prepared, quiet: bool) -> dict[str, Any]:
+def _train_pipeline(p: Prepared, quiet: bool, resume: str | None) -> dict[str, Any]:
     """Pipeline / hybrid run: MPI world shared by mpi4py (activations) and Horovod (gradients)."""
     from hvtrain.backend import get_backend
     from hvtrain.dist import launched_with_gloo
@@ -148,8 +148,8 @@ def _train_pipeline(p: Prepared, quiet: bool) -> dict[str, Any]:
         check_agreement(p, engine, info)
         stage = plan.stages[plan.stage_of(info.rank)]
         stage_engine = engine.build_stage(p.cfg, p.spec, stage, plan, p.spec.init_weights(p.cfg.seed))
-        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet)
-        summary = fit_pipeline(p.cfg, p.spec, p.data, stage_engine, plan, info, reporter, comm)
+        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet, keep_metrics=resume is not None)
+        summary = fit_pipeline(p.cfg, p.spec, p.data, stage_engine, plan, info, reporter, comm, resume)
     engine.shutdown()
     return summary
 

@@ -34,7 +34,7 @@ from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer  # noq
 
 from .elastic import keras_state  # noqa: E402
 from .model import build_model, keras_to_neutral, neutral_to_keras  # noqa: E402
-from .ops import LOSSES, eval_sums, make_optimizer  # noqa: E402
+from .ops import LOSSES, eval_sums, is_rng, load_training_state, make_optimizer, training_state  # noqa: E402
 from .stage import TensorFlowStage  # noqa: E402
 
 _POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -80,7 +80,7 @@ class TensorFlowBackend(Backend):
         self.optimizer.build(self.train_vars)
         if self.info.size > 1 and not elastic_launch():  # elastic: the state's sync() broadcasts
             # RNG (seed generator) states stay per rank, everything else comes from rank 0
-            hvd.broadcast_variables([v.value for v in self.model.variables if not _is_rng(v)], root_rank=0)
+            hvd.broadcast_variables([v.value for v in self.model.variables if not is_rng(v)], root_rank=0)
             hvd.broadcast_variables([v.value for v in self.optimizer.variables], root_rank=0)
         self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.train_vars]
         self.loss_acc = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -202,7 +202,7 @@ class TensorFlowBackend(Backend):
         return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj, name="hvtrain.objects")
 
     def elastic_state(self, counters: dict[str, Any]) -> Any:
-        return keras_state(self.hvd, lambda: [v for v in self.model.variables if not _is_rng(v)]
+        return keras_state(self.hvd, lambda: [v for v in self.model.variables if not is_rng(v)]
                            + list(self.optimizer.variables), **counters)
 
     def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -228,19 +228,10 @@ class TensorFlowBackend(Backend):
 
     # -- state and weights -------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:
-        state = {f"{'rng.' if _is_rng(v) else ''}model.{i}": np.array(v.numpy())
-                 for i, v in enumerate(self.model.variables)}
-        state.update({f"optim.{i}": np.array(v.numpy()) for i, v in enumerate(self.optimizer.variables)})
-        return state
+        return training_state(self.model, self.optimizer)
 
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
-        for i, v in enumerate(self.model.variables):
-            if not _is_rng(v):
-                v.assign(state[f"model.{i}"])
-            elif rng:
-                v.assign(state[f"rng.model.{i}"])
-        for i, v in enumerate(self.optimizer.variables):
-            v.assign(state[f"optim.{i}"])
+        load_training_state(state, self.model, self.optimizer, rng)
 
     # -- weights ---------------------------------------------------------------------------
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -261,10 +252,6 @@ class TensorFlowBackend(Backend):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _is_rng(variable) -> bool:
-    return "seed_generator" in variable.path
 
 
 def _entrypoint_model(cfg: Config) -> keras.Model:

@@ -54,3 +54,26 @@ def eval_sums(loss: str, out: np.ndarray, y: np.ndarray) -> np.ndarray:
         diff = out - y
         sq, ab = float(np.sum(np.mean(diff ** 2, axis=1))), float(np.sum(np.mean(np.abs(diff), axis=1)))
     return np.array([total, correct, sq, ab], np.float64)
+
+
+def is_rng(variable) -> bool:
+    """Keras seed-generator state: per rank, never broadcast."""
+    return "seed_generator" in variable.path
+
+
+def training_state(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> dict[str, np.ndarray]:
+    """Every model variable (seed generators under rng.*) and optimizer variable, by position."""
+    state = {f"{'rng.' if is_rng(v) else ''}model.{i}": np.array(v.numpy()) for i, v in enumerate(model.variables)}
+    state.update({f"optim.{i}": np.array(v.numpy()) for i, v in enumerate(optimizer.variables)})
+    return state
+
+
+def load_training_state(state: dict[str, np.ndarray], model: keras.Model, optimizer: keras.optimizers.Optimizer,
+                        rng: bool = True) -> None:
+    for i, v in enumerate(model.variables):
+        if not is_rng(v):
+            v.assign(state[f"model.{i}"])
+        elif rng:
+            v.assign(state[f"rng.model.{i}"])
+    for i, v in enumerate(optimizer.variables):
+        v.assign(state[f"optim.{i}"])

@@ -14,7 +14,7 @@ from hvtrain.placement.stage import StageEngine
 from hvtrain.spec import ModelSpec, per_layer
 
 from .model import build_model, keras_to_neutral, neutral_to_keras
-from .ops import LOSSES, eval_sums, make_optimizer
+from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 
 
 class TensorFlowStage(StageEngine):
@@ -107,6 +107,12 @@ class TensorFlowStage(StageEngine):
             for param, v in keras_to_neutral(layer, kl).items():
                 out[f"layers.{layer.index}.{param}"] = v
         return out
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return training_state(self.model, self.optimizer)
+
+    def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
+        load_training_state(state, self.model, self.optimizer, rng)
 
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.vars))

@@ -23,10 +23,9 @@ from hvtrain.dist import (
 from hvtrain.errors import ConfigError
 from hvtrain.placement.plan import PipelinePlan, Stage
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer
-from hvtrain.statefile import decode_json, encode_json
 
 from .model import build_module, neutral_to_torch, torch_to_neutral
-from .ops import LOSSES, eval_sums, make_optimizer
+from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 from .stage import TorchStage
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -186,35 +185,10 @@ class TorchBackend(Backend):
 
     # -- state and weights -------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:
-        state = {f"model.{k}": v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
-        opt = self.optimizer.state_dict()
-        meta: dict[str, Any] = {"param_groups": opt["param_groups"], "state": {}}
-        for idx, values in opt["state"].items():
-            for k, v in values.items():
-                if torch.is_tensor(v):
-                    state[f"optim.{idx}.{k}"] = v.detach().cpu().numpy().copy()
-                else:
-                    meta["state"].setdefault(str(idx), {})[k] = v
-        if self.scaler is not None:
-            meta["scaler"] = self.scaler.state_dict()
-        state["optim.meta"] = encode_json(meta)
-        state["rng.torch"] = torch.get_rng_state().numpy().copy()
-        return state
+        return training_state(self.model, self.optimizer, self.scaler)
 
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
-        model = {k[len("model."):]: torch.from_numpy(np.array(v)) for k, v in state.items() if k.startswith("model.")}
-        self.model.load_state_dict(model, strict=True)
-        meta = decode_json(state["optim.meta"])
-        per_param: dict[int, dict[str, Any]] = {int(i): dict(v) for i, v in meta["state"].items()}
-        for key, value in state.items():
-            parts = key.split(".")
-            if parts[0] == "optim" and parts[1].isdigit():
-                per_param.setdefault(int(parts[1]), {})[".".join(parts[2:])] = torch.from_numpy(np.array(value))
-        self.optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
-        if self.scaler is not None and "scaler" in meta:
-            self.scaler.load_state_dict(meta["scaler"])
-        if rng:
-            torch.set_rng_state(torch.from_numpy(np.array(state["rng.torch"])))
+        load_training_state(state, self.model, self.optimizer, self.scaler, rng)
 
     # -- weights ---------------------------------------------------------------------------
     def get_weights(self) -> dict[str, np.ndarray]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch.nn import functional as F
 
 from hvtrain.config import Config
+from hvtrain.statefile import decode_json, encode_json
 
 
 def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -53,3 +56,38 @@ def eval_sums(loss: str, out: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         diff = out - y
         sq, ab = diff.pow(2).mean(dim=1).sum().item(), diff.abs().mean(dim=1).sum().item()
     return np.array([total, correct, sq, ab], np.float64)
+
+
+def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None) -> dict[str, np.ndarray]:
+    """Model, optimizer (tensors + JSON metadata) and this process's torch RNG, as named arrays."""
+    state = {f"model.{k}": v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+    opt = optimizer.state_dict()
+    meta: dict[str, Any] = {"param_groups": opt["param_groups"], "state": {}}
+    for idx, values in opt["state"].items():
+        for k, v in values.items():
+            if torch.is_tensor(v):
+                state[f"optim.{idx}.{k}"] = v.detach().cpu().numpy().copy()
+            else:
+                meta["state"].setdefault(str(idx), {})[k] = v
+    if scaler is not None:
+        meta["scaler"] = scaler.state_dict()
+    state["optim.meta"] = encode_json(meta)
+    state["rng.torch"] = torch.get_rng_state().numpy().copy()
+    return state
+
+
+def load_training_state(state: dict[str, np.ndarray], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        scaler=None, rng: bool = True) -> None:
+    model.load_state_dict({k[len("model."):]: torch.from_numpy(np.array(v)) for k, v in state.items()
+                           if k.startswith("model.")}, strict=True)
+    meta = decode_json(state["optim.meta"])
+    per_param: dict[int, dict[str, Any]] = {int(i): dict(v) for i, v in meta["state"].items()}
+    for key, value in state.items():
+        parts = key.split(".")
+        if parts[0] == "optim" and parts[1].isdigit():
+            per_param.setdefault(int(parts[1]), {})[".".join(parts[2:])] = torch.from_numpy(np.array(value))
+    optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
+    if scaler is not None and "scaler" in meta:
+        scaler.load_state_dict(meta["scaler"])
+    if rng:
+        torch.set_rng_state(torch.from_numpy(np.array(state["rng.torch"])))

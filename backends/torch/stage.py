@@ -11,7 +11,7 @@ from hvtrain.placement.stage import StageEngine
 from hvtrain.spec import ModelSpec, per_layer
 
 from .model import build_layer, neutral_to_torch, torch_to_neutral
-from .ops import LOSSES, eval_sums, make_optimizer
+from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 
 
 class TorchStage(StageEngine):
@@ -119,6 +119,12 @@ class TorchStage(StageEngine):
             for param, v in torch_to_neutral(layer, local).items():
                 out[f"layers.{layer.index}.{param}"] = np.asarray(v, np.float32)
         return out
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return training_state(self.module, self.optimizer)
+
+    def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
+        load_training_state(state, self.module, self.optimizer, rng=rng)
 
     def param_count(self) -> int:
         return sum(p.numel() for p in self.module.parameters() if p.requires_grad)

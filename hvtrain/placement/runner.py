@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from hvtrain import checkpoint
 from hvtrain.config import Config
 from hvtrain.data import Dataset, epoch_permutation, shard_batches, shard_eval, steps_per_epoch
 from hvtrain.dist import ProcessInfo
@@ -95,8 +96,8 @@ class PipelineRunner:
 
 
 def fit_pipeline(cfg: Config, spec: ModelSpec, data: Dataset, engine: StageEngine, plan: PipelinePlan,
-                 info: ProcessInfo, reporter: Reporter, comm: Any) -> dict[str, Any]:
-    """The pipeline counterpart of trainer.fit: same outputs, same file formats."""
+                 info: ProcessInfo, reporter: Reporter, comm: Any, resume: str | None = None) -> dict[str, Any]:
+    """The pipeline counterpart of trainer.fit: same outputs, same file formats, epoch checkpoints."""
     t0 = time.perf_counter()
     runner = PipelineRunner(plan, spec, engine, comm, info.rank)
     D, b, acc = plan.replicas, cfg.data.batch_size, cfg.train.grad_accumulation
@@ -105,8 +106,9 @@ def fit_pipeline(cfg: Config, spec: ModelSpec, data: Dataset, engine: StageEngin
     reporter.print(f"hvtrain: {cfg.name} on {cfg.backend}, pipeline {plan.num_stages} stages x {D} replica(s), "
                    f"{plan.micro_batches} micro-batches ({plan.schedule}), {n_steps} steps/epoch, "
                    f"{spec.param_count:,} parameters")
-    current_lr, step, result = None, 0, None
-    for epoch in range(cfg.train.epochs):
+    start_epoch, step = _resume(cfg, plan, engine, info, reporter, comm, resume) if resume else (0, 0)
+    current_lr, result = None, None
+    for epoch in range(start_epoch, cfg.train.epochs):
         started = time.perf_counter()
         order = epoch_permutation(len(data.x_train), cfg.seed, epoch, cfg.data.shuffle)
         engine.loss_sum(reset=True)
@@ -127,6 +129,8 @@ def fit_pipeline(cfg: Config, spec: ModelSpec, data: Dataset, engine: StageEngin
         result = EpochResult(epoch + 1, total[5] / n_steps, val, len(data.x_train) / train_seconds,
                              time.perf_counter() - started)
         record_epoch(cfg, info, reporter, result, current_lr)
+        if cfg.train.checkpoint_every and (epoch + 1) % cfg.train.checkpoint_every == 0:
+            _checkpoint(cfg, plan, engine, info, reporter, comm, epoch + 1, step)
 
     # One neutral file, identical to an unpipelined run's: replica 0's stages, gathered on rank 0.
     pieces = comm.gather(engine.get_weights() if runner.replica == 0 else {}, root=0)
@@ -136,4 +140,58 @@ def fit_pipeline(cfg: Config, spec: ModelSpec, data: Dataset, engine: StageEngin
     pipeline = {"stages": plan.num_stages, "replicas": D, "micro_batches": plan.micro_batches,
                 "schedule": plan.schedule, "bubble": plan.bubble, "stage_params": [st.params for st in plan.stages],
                 "ranks": per_rank}
-    return finish(cfg, spec, info, reporter, result, t0, weights, {"pipeline": pipeline})
+    return finish(cfg, spec, info, reporter, result, t0, weights, {"pipeline": pipeline, "resumed_from": resume})
+
+
+def _layout(plan: PipelinePlan) -> list[list[int]]:
+    return [[st.first, st.last] for st in plan.stages]
+
+
+def _checkpoint(cfg: Config, plan: PipelinePlan, engine: StageEngine, info: ProcessInfo, reporter: Reporter,
+                comm: Any, epoch: int, step: int) -> None:
+    """One file for the whole pipeline: every stage's state (from replica 0) and every rank's RNG."""
+    state, rng = checkpoint.split_rng(engine.get_state())
+    replica0 = plan.replica_of(info.rank) == 0
+    pieces = comm.gather((plan.stage_of(info.rank), state if replica0 else None, rng), root=0)
+    if not info.is_main:
+        return
+    tensors: dict[str, np.ndarray] = {}
+    for r, (s, stage_state, rank_rng) in enumerate(pieces):
+        if stage_state is not None:
+            tensors.update({f"stage{s}.{k}": v for k, v in stage_state.items()})
+        tensors.update({f"rng.rank{r}.{k[4:]}": v for k, v in rank_rng.items()})
+    meta = {"epoch": epoch, "step": step, "offset": 0, "loss_sum": 0.0, "epoch_steps": 0,
+            "world_size": info.size, "backend": cfg.backend, "config": cfg.to_dict(), "pipeline": _layout(plan)}
+    path = checkpoint.save(reporter.out_dir, tensors, meta, cfg.train.keep)
+    reporter.print(f"checkpoint: {path} (epoch {epoch}, step {step})")
+
+
+def _resume(cfg: Config, plan: PipelinePlan, engine: StageEngine, info: ProcessInfo, reporter: Reporter,
+            comm: Any, resume: str) -> tuple[int, int]:
+    found: Any = None
+    if info.is_main:
+        try:
+            found = checkpoint.find_resume(reporter.out_dir, resume, reporter.notice)
+        except checkpoint.CheckpointError as exc:
+            found = exc
+    found = comm.bcast(found, root=0)
+    if isinstance(found, checkpoint.CheckpointError):
+        raise found
+    if found is None:
+        reporter.notice(f"resume: no checkpoint in {reporter.out_dir}; starting from scratch")
+        return 0, 0
+    meta = found.meta
+    if meta.get("pipeline") != _layout(plan) or meta["backend"] != cfg.backend:
+        raise HvtrainError(f"{found.path}: made with backend {meta['backend']!r} and stages {meta.get('pipeline')}, "
+                           f"this run has {cfg.backend!r} and stages {_layout(plan)}; resume with the same placement")
+    prefix = f"stage{plan.stage_of(info.rank)}."
+    state = {k[len(prefix):]: v for k, v in found.tensors.items() if k.startswith(prefix)}
+    same_world = meta["world_size"] == info.size
+    if same_world:
+        mine = f"rng.rank{info.rank}."
+        state.update({f"rng.{k[len(mine):]}": v for k, v in found.tensors.items() if k.startswith(mine)})
+    engine.set_state(state, rng=same_world)
+    changed = "" if same_world else f"; world size changed {meta['world_size']} -> {info.size}"
+    reporter.notice(f"resumed from {found.path} (epoch {meta['epoch']}, step {meta['step']}){changed}")
+    reporter.truncate_metrics(meta["epoch"])
+    return meta["epoch"], meta["step"]

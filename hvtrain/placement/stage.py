@@ -47,6 +47,13 @@ class StageEngine(ABC):
         """This stage's weights under their neutral (global) names."""
 
     @abstractmethod
+    def get_state(self) -> dict[str, np.ndarray]:
+        """This stage's model, optimizer and RNG state (see Backend.get_state)."""
+
+    @abstractmethod
+    def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None: ...
+
+    @abstractmethod
     def param_count(self) -> int:
         """Trainable parameters held by this rank."""
 
