@@ -18,7 +18,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from hvtrain.backend import Backend  # noqa: E402
+from hvtrain.backend import Backend
+from hvtrain.collectives import HorovodCollectives  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
 from hvtrain.dist import (  # noqa: E402
     ProcessInfo,
@@ -40,7 +41,7 @@ from .stage import TensorFlowStage  # noqa: E402
 _POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
-class TensorFlowBackend(Backend):
+class TensorFlowBackend(HorovodCollectives, Backend):
     name = "tensorflow"
 
     def __init__(self) -> None:
@@ -58,10 +59,7 @@ class TensorFlowBackend(Backend):
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
         self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
         self.hvd.init(comm=comm, process_sets=self.process_sets or None)
-        size = self.hvd.size()
-        controller = "gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi"
-        self.info = ProcessInfo(self.hvd.rank(), size, self.hvd.local_rank(), self.hvd.local_size(),
-                                controller if size > 1 else "none")
+        self.info = self._read_info("gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi")
         return self.info
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
@@ -195,12 +193,6 @@ class TensorFlowBackend(Backend):
         t = tf.constant(np.ascontiguousarray(values, np.float64))
         return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
 
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return obj if self.info.size == 1 else self.hvd.broadcast_object(obj, root_rank=root, name="hvtrain.object")
-
-    def allgather_object(self, obj: Any) -> list[Any]:
-        return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj, name="hvtrain.objects")
-
     def elastic_state(self, counters: dict[str, Any]) -> Any:
         return keras_state(self.hvd, lambda: [v for v in self.model.variables if not is_rng(v)]
                            + list(self.optimizer.variables), **counters)
@@ -221,8 +213,7 @@ class TensorFlowBackend(Backend):
         return self.hvd.elastic.run(guarded)
 
     def refresh(self) -> ProcessInfo:
-        self.info = ProcessInfo(self.hvd.rank(), self.hvd.size(), self.hvd.local_rank(), self.hvd.local_size(),
-                                self.info.controller)
+        self.info = self._read_info("gloo")  # elastic runs use the Gloo controller
         self._compile()  # the world size is baked into the compiled steps
         return self.info
 

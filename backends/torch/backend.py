@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from hvtrain.backend import Backend
+from hvtrain.collectives import HorovodCollectives
 from hvtrain.config import Config
 from hvtrain.dist import (
     ProcessInfo,
@@ -31,7 +32,7 @@ from .stage import TorchStage
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class TorchBackend(Backend):
+class TorchBackend(HorovodCollectives, Backend):
     name = "torch"
 
     def __init__(self) -> None:
@@ -48,10 +49,7 @@ class TorchBackend(Backend):
         torch.set_num_threads(cfg.train.threads or default_threads(local_size_from_env()))
         self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
         self.hvd.init(comm=comm, process_sets=self.process_sets or None)
-        size = self.hvd.size()
-        controller = "gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi"
-        self.info = ProcessInfo(self.hvd.rank(), size, self.hvd.local_rank(), self.hvd.local_size(),
-                                controller if size > 1 else "none")
+        self.info = self._read_info("gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi")
         return self.info
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
@@ -166,12 +164,6 @@ class TorchBackend(Backend):
         t = torch.from_numpy(np.ascontiguousarray(values, np.float64))
         return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
 
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return obj if self.info.size == 1 else self.hvd.broadcast_object(obj, root_rank=root, name="hvtrain.object")
-
-    def allgather_object(self, obj: Any) -> list[Any]:
-        return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj, name="hvtrain.objects")
-
     def elastic_state(self, counters: dict[str, Any]) -> Any:
         return self.hvd.elastic.TorchState(model=self.model, optimizer=self.optimizer, **counters)
 
@@ -179,8 +171,7 @@ class TorchBackend(Backend):
         return self.hvd.elastic.run(fn)
 
     def refresh(self) -> ProcessInfo:
-        self.info = ProcessInfo(self.hvd.rank(), self.hvd.size(), self.hvd.local_rank(), self.hvd.local_size(),
-                                self.info.controller)
+        self.info = self._read_info("gloo")  # elastic runs use the Gloo controller
         return self.info
 
     # -- state and weights -------------------------------------------------------------------
