@@ -94,7 +94,7 @@ def test_worker_killed_then_slot_added_back(tmp_path, backend):
     history = records(out)
     assert [r["epoch"] for r in history] == list(range(1, 13))  # every epoch once, none lost or repeated
     sizes = [r["world_size"] for r in history]
-    assert 1 in sizes and sizes[-1] == 2
+    assert sizes.count(1) >= 1 and sizes[-1] == 2  # shrank to the survivor, grew back
     summary = json.loads((out / "summary.json").read_text())
     assert summary["elastic"] and summary["val_accuracy"] >= 0.85, summary
 
