@@ -80,7 +80,10 @@ def fit(cfg: Config, spec: ModelSpec | None, data: Dataset, backend: Backend, in
 
             return _epochs(cfg, spec, data, backend, now, again, start, commit), now, again
 
-        result, info, reporter = backend.elastic_run(attempt)(state)
+        outcome = backend.elastic_run(attempt)(state)
+        if outcome is None:  # Horovod's elastic wrapper swallowed an error it did not recognise
+            raise HvtrainError("elastic training ended without a result after a worker failure")
+        result, info, reporter = outcome
     else:
         result = _epochs(cfg, spec, data, backend, info, reporter, pos, None)
 

@@ -13,6 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# The environment before any test ran: in-process backend tests initialise MPI and Horovod, which
+# add OMPI_*/PMIX_*/HOROVOD_* variables to os.environ that must not leak into launched jobs.
+_CLEAN_ENV = dict(os.environ)
 
 
 def tool(name: str) -> str:
@@ -27,7 +30,7 @@ def tool(name: str) -> str:
 
 
 def run_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = dict(_CLEAN_ENV)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -201,14 +201,14 @@ class TensorFlowBackend(HorovodCollectives, Backend):
         from horovod.common.exceptions import HorovodInternalError
 
         def guarded(state: Any) -> Any:
-            # horovod.tensorflow.elastic.run only recognises failed Allreduce/Allgather/Broadcast ops
-            # and silently returns None for others (GroupedAllreduce): translate them here.
+            # horovod.tensorflow.elastic.run recognises a failed collective only by op names in the
+            # message (not GroupedAllreduce, nor a bare gloo "connection closed") and otherwise
+            # returns None. Collective failures surface as Unknown/Internal/Aborted op errors:
+            # hand them to Horovod as HorovodInternalError so it restores and resets.
             try:
                 return fn(state)
-            except tf.errors.UnknownError as exc:
-                if "Horovod" in str(exc):
-                    raise HorovodInternalError(exc) from exc
-                raise
+            except (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError) as exc:
+                raise HorovodInternalError(exc) from exc
 
         return self.hvd.elastic.run(guarded)
 

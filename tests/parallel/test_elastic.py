@@ -40,7 +40,9 @@ def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 120)
     while time.time() < deadline:
         if predicate():
             return
-        assert proc.poll() is None, f"the job ended while waiting for {what}"
+        if proc.poll() is not None:
+            output = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the job ended (exit {proc.returncode}) while waiting for {what}:\n{output[-4000:]}")
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
 
