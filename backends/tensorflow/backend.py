@@ -7,7 +7,6 @@ locally and reduced once per optimizer step with one grouped (fused) allreduce.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -19,17 +18,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from hvtrain.backend import Backend
-from hvtrain.collectives import HorovodCollectives  # noqa: E402
+from hvtrain.collectives import HorovodCollectives, load_entrypoint  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
 from hvtrain.dist import (  # noqa: E402
     ProcessInfo,
     default_threads,
     elastic_launch,
-    horovod_env,
-    launched_with_gloo,
     local_size_from_env,
 )
-from hvtrain.errors import ConfigError  # noqa: E402
 from hvtrain.placement.plan import PipelinePlan, Stage  # noqa: E402
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer  # noqa: E402
 
@@ -53,14 +49,10 @@ class TensorFlowBackend(HorovodCollectives, Backend):
 
     # -- lifecycle -------------------------------------------------------------------------
     def init(self, cfg: Config, comm: Any = None, groups: list[list[int]] | None = None) -> ProcessInfo:
-        os.environ.update(horovod_env(cfg.horovod.cycle_time_ms, cfg.horovod.fusion_threshold_mb))
         threads = cfg.train.threads or default_threads(local_size_from_env())
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
-        self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
-        self.hvd.init(comm=comm, process_sets=self.process_sets or None)
-        self.info = self._read_info("gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi")
-        return self.info
+        return self._init_horovod(cfg, comm, groups)
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
               num_outputs: int) -> None:
@@ -68,7 +60,7 @@ class TensorFlowBackend(HorovodCollectives, Backend):
         self.cfg, self.spec = cfg, spec
         keras.utils.set_random_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
         policy = _POLICY.get(cfg.train.precision)
-        self.model = _entrypoint_model(cfg) if spec is None else build_model(spec, policy)
+        self.model = load_entrypoint(cfg, keras.Model, "keras.Model") if spec is None else build_model(spec, policy)
         if weights is not None:
             self.set_weights(weights)
         self.optimizer = make_optimizer(cfg)
@@ -243,17 +235,3 @@ class TensorFlowBackend(HorovodCollectives, Backend):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _entrypoint_model(cfg: Config) -> keras.Model:
-    """Import the configured `package.module:function` (the only user code hvtrain imports)."""
-    module_name, _, func_name = cfg.model.entrypoint.partition(":")
-    try:
-        func = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as exc:
-        raise cfg.fail("model.entrypoint", f"cannot import {cfg.model.entrypoint!r}: {exc}") from None
-    model = func(**cfg.model.kwargs)
-    if not isinstance(model, keras.Model):
-        raise ConfigError(f"{cfg.where('model.entrypoint')}: model.entrypoint: expected the function to return "
-                          f"a keras.Model for backend tensorflow, got {type(model).__name__}")
-    return model

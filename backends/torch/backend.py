@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -11,17 +9,14 @@ import numpy as np
 import torch
 
 from hvtrain.backend import Backend
-from hvtrain.collectives import HorovodCollectives
+from hvtrain.collectives import HorovodCollectives, load_entrypoint
 from hvtrain.config import Config
 from hvtrain.dist import (
     ProcessInfo,
     default_threads,
     elastic_launch,
-    horovod_env,
-    launched_with_gloo,
     local_size_from_env,
 )
-from hvtrain.errors import ConfigError
 from hvtrain.placement.plan import PipelinePlan, Stage
 from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer
 
@@ -45,19 +40,15 @@ class TorchBackend(HorovodCollectives, Backend):
 
     # -- lifecycle -------------------------------------------------------------------------
     def init(self, cfg: Config, comm: Any = None, groups: list[list[int]] | None = None) -> ProcessInfo:
-        os.environ.update(horovod_env(cfg.horovod.cycle_time_ms, cfg.horovod.fusion_threshold_mb))
         torch.set_num_threads(cfg.train.threads or default_threads(local_size_from_env()))
-        self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
-        self.hvd.init(comm=comm, process_sets=self.process_sets or None)
-        self.info = self._read_info("gloo" if self.hvd.gloo_enabled() and launched_with_gloo() else "mpi")
-        return self.info
+        return self._init_horovod(cfg, comm, groups)
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
               num_outputs: int) -> None:
         hvd = self.hvd
         self.cfg, self.spec = cfg, spec
         torch.manual_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
-        self.model = _entrypoint_model(cfg) if spec is None else build_module(spec)
+        self.model = load_entrypoint(cfg, torch.nn.Module, "torch.nn.Module") if spec is None else build_module(spec)
         if weights is not None:
             self.set_weights(weights)
         self.optimizer = make_optimizer(cfg, self.model)
@@ -211,17 +202,3 @@ class TorchBackend(HorovodCollectives, Backend):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _entrypoint_model(cfg: Config) -> torch.nn.Module:
-    """Import the configured `package.module:function` (the only user code hvtrain imports)."""
-    module_name, _, func_name = cfg.model.entrypoint.partition(":")
-    try:
-        func = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as exc:
-        raise cfg.fail("model.entrypoint", f"cannot import {cfg.model.entrypoint!r}: {exc}") from None
-    model = func(**cfg.model.kwargs)
-    if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"{cfg.where('model.entrypoint')}: model.entrypoint: expected the function to return "
-                          f"a torch.nn.Module for backend torch, got {type(model).__name__}")
-    return model

@@ -58,3 +58,12 @@ def test_eval_sums_and_allreduce_identity(backend_name):
     assert logits.shape == (50, 10)
     assert sums[1] == np.sum(logits.argmax(1) == y)
     np.testing.assert_array_equal(engine.allreduce_sum(np.array([1.5, 2.0])), [1.5, 2.0])
+
+
+def test_entrypoint_must_return_the_framework_model(backend_name):
+    from hvtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.entrypoint: expected the function to return a .* for backend "
+                                          rf"{backend_name}, got str"):
+        make_backend(backend_name, "tests/configs/entrypoint.yaml",
+                     "model.entrypoint=tests.fixtures.native_models:not_a_model", "model.kwargs={}")
