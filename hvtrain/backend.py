@@ -1,28 +1,32 @@
 """The Backend interface every framework implements, and the registry that finds them.
 
-The neutral trainer (hvtrain.trainer) owns the loop, metrics, logging and files; a backend
-owns the math: it builds the native model from the neutral spec, runs a step, reduces and
-broadcasts through Horovod, and converts weights to and from the neutral layout.
-Conformance: tests/backends/test_conformance.py runs the same checks on every backend.
+A backend is framework math: it builds the native model (whole, or one pipeline stage) from the
+neutral spec, runs a step, evaluates, and converts weights and training state to and from named
+numpy arrays. The Horovod runtime (init, ranks, collectives, elastic, abort) is hvtrain.runtime,
+owned by the session; a backend receives it when it builds, for the gradient allreduce.
+The loop lives in hvtrain.trainer. Conformance: tests/backends/test_conformance.py.
+
+This module imports no framework and nothing of hvtrain but the error and process types, so the
+registry can be read anywhere (config validation, CLI choices, `hvtrain doctor`).
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
-from hvtrain.config import Config
-from hvtrain.dist import ProcessInfo
 from hvtrain.errors import BackendUnavailable
-from hvtrain.placement.plan import PipelinePlan, Stage
-from hvtrain.placement.stage import StageEngine
-from hvtrain.spec import ModelSpec
 
-# name -> "module:Class"; modules are imported only when chosen.
+if TYPE_CHECKING:
+    import numpy as np
+
+    from hvtrain.config import Config
+    from hvtrain.dist import ProcessInfo
+    from hvtrain.runtime import Runtime
+    from hvtrain.spec import ModelSpec
+
+# The one list of backends: name -> "module:Class"; modules are imported only when chosen.
 BACKENDS = {
     "torch": "hvtrain.backends.torch.backend:TorchBackend",
     "tensorflow": "hvtrain.backends.tensorflow.backend:TensorFlowBackend",
@@ -30,36 +34,58 @@ BACKENDS = {
 
 
 class Backend(ABC):
-    """One framework under Horovod. Methods are called in this order:
-    init -> build -> (set_lr | train_step | eval_batch | allreduce_sum)* -> get_weights -> shutdown.
-    """
+    """One framework. Order of calls: configure -> build (or build_stage) -> steps -> get_weights."""
 
     name: ClassVar[str]
+    horovod_module: ClassVar[str]  # the Horovod binding of this framework, e.g. "horovod.torch"
+    collective_errors: ClassVar[tuple[type[BaseException], ...]] = ()  # "a collective failed"
+
+    @staticmethod
+    @abstractmethod
+    def as_tensor(values: np.ndarray) -> Any:
+        """A numpy array as a tensor of this framework (for the runtime's collectives)."""
 
     @abstractmethod
-    def init(self, cfg: Config, comm: Any = None, groups: list[list[int]] | None = None) -> ProcessInfo:
-        """Initialise Horovod (and the framework's threads); return who this process is.
-
-        `comm` (an mpi4py communicator) makes Horovod share MPI with mpi4py (pipelines);
-        `groups` are Horovod process sets (each pipeline stage's data-parallel ranks)."""
+    def configure(self, cfg: Config, info: ProcessInfo, gpu: int | None) -> None:
+        """Per-process setup before anything is built: intra-op threads, the pinned GPU `gpu`
+        (the local rank's, or None for CPU), and the framework RNG seeded per rank (dropout
+        masks differ across replicas; a resume restores each rank's own stream)."""
 
     @abstractmethod
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int) -> None:
-        """Build the model (from `spec`, or `cfg.model.entrypoint` when spec is None) and the
-        optimizer; load `weights` (neutral layout) if given; broadcast state from rank 0."""
+              num_outputs: int, runtime: Runtime) -> None:
+        """Model (from `spec`, or `cfg.model.entrypoint` when spec is None) and optimizer; load
+        `weights` (neutral layout) if given; unless the run is elastic (whose state sync does it),
+        broadcast the model and optimizer state from rank 0 so every rank starts equal."""
+
+    @abstractmethod
+    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], device: str,
+                    weights: dict[str, np.ndarray], replicas: int, runtime: Runtime,
+                    process_set: Any) -> Any:
+        """One pipeline stage holding only `layers` and their optimizer state: an object
+        implementing hvtrain.placement.stage.StageEngine. `process_set` joins the stage's
+        `replicas` (None when there is one)."""
 
     @abstractmethod
     def set_lr(self, lr: float) -> None:
         """Learning rate for the following optimizer steps."""
 
     @abstractmethod
-    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> bool:
-        """Forward/backward of sum(loss_i * weights_i) (weights sum to 1 over the global step);
-        allreduce-average gradients and update when `apply`. The weighted loss is added to a
-        local accumulator. Returns False if this rank's loss was not finite; with
-        `train.on_nan: skip` an update whose averaged gradients are not finite is skipped on
-        every rank alike."""
+    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool) -> bool:
+        """Forward/backward of sum(loss_i * sample_weight_i) (the weights sum to 1 over the global
+        step); allreduce-average the gradients and update when `apply`. The weighted loss is added to
+        a local accumulator. A batch whose weights are all zero (a rank's empty share of a tail
+        batch) joins the allreduce with zero gradients and changes no statistics. Returns False if
+        this rank's loss was not finite; with `train.on_nan: skip` an update whose averaged
+        gradients are not finite is skipped on every rank alike."""
+
+    @abstractmethod
+    def discard_gradients(self) -> None:
+        """Forget gradients accumulated since the last update (after an elastic rollback)."""
+
+    @abstractmethod
+    def on_world_change(self) -> None:
+        """The world size changed (elastic reset): adapt size-dependent compiled state."""
 
     @abstractmethod
     def loss_sum(self, reset: bool = False) -> float:
@@ -74,37 +100,18 @@ class Backend(ABC):
         """Model outputs (logits) as numpy, no gradient."""
 
     @abstractmethod
-    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
-        """Sum a float64 vector over all ranks; every rank gets the result."""
-
-    @abstractmethod
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        """A picklable object from `root` to every rank."""
-
-    @abstractmethod
-    def allgather_object(self, obj: Any) -> list[Any]:
-        """Every rank's object, in rank order, on every rank."""
-
-    @abstractmethod
     def get_state(self) -> dict[str, np.ndarray]:
         """Everything a bit-exact resume needs from this rank: model (all variables), optimizer
-        state and the framework RNG, as named arrays (non-tensor parts JSON-encoded as uint8)."""
+        state and the framework RNG (keys starting 'rng.'), as named arrays."""
 
     @abstractmethod
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
         """Inverse of get_state; `rng=False` keeps this rank's fresh RNG (world size changed)."""
 
     @abstractmethod
-    def elastic_state(self, counters: dict[str, Any]) -> Any:
-        """Horovod elastic state tracking model, optimizer and `counters` (commit/restore/sync)."""
-
-    @abstractmethod
-    def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """`fn` wrapped by hvd.elastic.run: re-run from the last commit after a reset."""
-
-    @abstractmethod
-    def refresh(self) -> ProcessInfo:
-        """Re-read rank and size (after an elastic reset) and adapt size-dependent state."""
+    def elastic_state(self, hvd: Any, counters: dict[str, Any]) -> Any:
+        """A Horovod elastic state (hvd.elastic.ObjectState subclass) tracking the model, the
+        optimizer and `counters`: committed, restored on a rollback, synced from rank 0."""
 
     @abstractmethod
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -112,20 +119,15 @@ class Backend(ABC):
 
     @abstractmethod
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        """Load neutral-layout weights; names and shapes must match the model."""
+        """Load neutral-layout weights (native names for entrypoint models).
+
+        Raises:
+            DataError: names or shapes that do not match the model (missing and unexpected named).
+        """
 
     @abstractmethod
     def local_gpus(self) -> int:
-        """GPUs this framework sees on this host (device checks for pipeline placement)."""
-
-    @abstractmethod
-    def build_stage(self, cfg: Config, spec: ModelSpec, stage: Stage, plan: PipelinePlan,
-                    weights: dict[str, np.ndarray]) -> StageEngine:
-        """One pipeline stage holding only its layers and their optimizer state."""
-
-    @abstractmethod
-    def shutdown(self) -> None:
-        """Release Horovod."""
+        """GPUs this framework sees on this host."""
 
 
 def get_backend(name: str) -> Backend:

@@ -1,12 +1,18 @@
-"""Checkpoints: one safetensors file per checkpoint, written atomically by rank 0, verified on load.
+"""Checkpoints for every layout: one safetensors file per checkpoint, written atomically by rank 0.
 
-File `ckpt-s<step>.safetensors` in the output directory holds
-  - rank 0's backend state (model, optimizer, framework RNG) as named arrays,
+File `ckpt-<run id>-s<step>.safetensors` in the output directory holds
+  - `shard.<name>.*`: the training state of each shard, from the first rank holding it (data
+    parallel: one shard `model`, replicated on every rank; pipelines: `stage<s>`, one per stage),
   - `rng.rank<r>.*`: every rank's RNG state (so each rank resumes its own random stream),
-  - header metadata: `meta` (JSON: epoch, step, samples consumed in the epoch, world size,
-    backend, the config it was made with, ...) and `sha256` over all tensors and `meta`.
-Loading never executes code (safetensors + JSON only). A file that does not parse or whose
-checksum does not match is reported and skipped by `--resume auto`, never loaded.
+  - header metadata: `meta` (JSON: run id, epoch, step, samples consumed in the epoch, world size,
+    backend, pipeline layout, the config it was made with, ...) and `sha256` over tensors and meta.
+Every run has a run id; pruning (`train.keep`) removes only that run's files, so two runs in one
+output directory never delete each other's checkpoints. A resumed run keeps the run id it resumes.
+
+Saving gathers each rank's share (its RNG; its shard's state if it is the shard's first rank) on
+rank 0; resuming sends each rank only its own share. Loading never executes code (safetensors +
+JSON only). A file that does not parse or whose checksum does not match is reported and skipped by
+`--resume auto`, never loaded; a checkpoint made with a different experiment (MATH_KEYS) is refused.
 """
 
 from __future__ import annotations
@@ -14,17 +20,27 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hvtrain.errors import HvtrainError
-from hvtrain.output import atomic_write
+from hvtrain import __version__
+from hvtrain.errors import ConfigError, HvtrainError
+from hvtrain.output import Reporter, atomic_write
 
-_NAME = re.compile(r"^ckpt-s(\d{8})\.safetensors$")
-FORMAT = "hvtrain-checkpoint-v1"
+if TYPE_CHECKING:
+    from hvtrain.config import Config
+    from hvtrain.runtime import Runtime
+
+_NAME = re.compile(r"^ckpt-([0-9a-f]{8})-s(\d{8})\.safetensors$")
+_TEMP = re.compile(r"^\.ckpt-[0-9a-f]{8}-s\d{8}\.safetensors\..*\.tmp$")
+FORMAT = "hvtrain-checkpoint-v2"
+# Config keys whose change changes the math: a checkpoint resumes only a run that agrees on them.
+MATH_KEYS = ("model", "optimizer", "loss", "data", "seed", "train.grad_accumulation", "train.precision")
 
 
 class CheckpointError(HvtrainError):
@@ -38,8 +54,16 @@ class Checkpoint:
     meta: dict[str, Any]
 
 
-def file_name(step: int) -> str:
-    return f"ckpt-s{step:08d}.safetensors"
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def file_name(run_id: str, step: int) -> str:
+    return f"ckpt-{run_id}-s{step:08d}.safetensors"
+
+
+def step_of(path: Path) -> int:
+    return int(_NAME.match(path.name).group(2))
 
 
 def _digest(tensors: dict[str, np.ndarray], meta_json: str) -> str:
@@ -53,18 +77,20 @@ def _digest(tensors: dict[str, np.ndarray], meta_json: str) -> str:
 
 
 def save(out_dir: Path, tensors: dict[str, np.ndarray], meta: dict[str, Any], keep: int) -> Path:
-    """Write atomically (temp, fsync, rename), then prune to the newest `keep`. Main rank only."""
+    """Write atomically (temp, fsync, rename, directory fsync), then prune this run (meta['run_id'])
+    to its newest `keep` checkpoints. Main rank only."""
     from safetensors.numpy import save as st_save
 
     for key, value in tensors.items():
         if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
             raise HvtrainError(f"refusing to checkpoint non-finite values in {key!r} at step {meta['step']}")
+    meta = {**meta, "created": time.time()}
     meta_json = json.dumps(meta, sort_keys=True)
     blob = st_save({k: np.require(v, requirements="C") for k, v in tensors.items()},
                    metadata={"format": FORMAT, "meta": meta_json, "sha256": _digest(tensors, meta_json)})
-    path = Path(out_dir) / file_name(meta["step"])
+    path = Path(out_dir) / file_name(meta["run_id"], meta["step"])
     atomic_write(path, blob)
-    for old in list_checkpoints(out_dir)[keep:]:
+    for old in list_checkpoints(out_dir, meta["run_id"])[keep:]:
         old.unlink(missing_ok=True)
     return path
 
@@ -90,34 +116,197 @@ def load(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{path}: not a readable checkpoint ({str(exc).splitlines()[0]})") from None
     metadata = header.get("__metadata__") or {}
     if metadata.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not an hvtrain checkpoint (format {metadata.get('format')!r})")
+        raise CheckpointError(f"{path}: not an hvtrain checkpoint of this version (format "
+                              f"{metadata.get('format')!r}, expected {FORMAT!r})")
     if _digest(tensors, metadata.get("meta", "")) != metadata.get("sha256"):
         raise CheckpointError(f"{path}: checksum mismatch (the file is corrupted)")
     return Checkpoint(path, tensors, json.loads(metadata["meta"]))
 
 
-def list_checkpoints(out_dir: str | Path) -> list[Path]:
-    """Checkpoint files, newest (highest step) first."""
+def list_checkpoints(out_dir: str | Path, run_id: str | None = None) -> list[Path]:
+    """Checkpoint files (of one run, or of all), newest first: by step within a run, by
+    modification time across runs."""
     d = Path(out_dir)
     if not d.is_dir():
         return []
-    return sorted((p for p in d.iterdir() if _NAME.match(p.name)), key=lambda p: p.name, reverse=True)
+    found = [p for p in d.iterdir() if (m := _NAME.match(p.name)) and (run_id is None or m.group(1) == run_id)]
+    if run_id is not None:
+        return sorted(found, key=step_of, reverse=True)
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, step_of(p)), reverse=True)
 
 
-def find_resume(out_dir: str | Path, resume: str, report) -> Checkpoint | None:
-    """`auto`: the newest checkpoint that verifies (others are reported and skipped), or None.
-    A path: that checkpoint, or CheckpointError."""
+def remove_orphans(out_dir: str | Path) -> list[Path]:
+    """Temporary checkpoint files left by a process killed while writing."""
+    d = Path(out_dir)
+    gone = [p for p in d.iterdir() if _TEMP.match(p.name)] if d.is_dir() else []
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return gone
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: checkpoint X, this run Y` for every MATH_KEYS leaf that differs."""
+    def leaves(d: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(d, dict):
+            out: dict[str, Any] = {}
+            for k, v in d.items():
+                out.update(leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+            return out
+        return {prefix: d}
+
+    def pick(cfg: dict[str, Any]) -> dict[str, Any]:
+        flat = leaves(cfg, "")
+        return {k: v for k, v in flat.items() if any(k == m or k.startswith(m + ".") or k.startswith(m + "[")
+                                                      for m in MATH_KEYS)}
+
+    a, b = pick(saved), pick(current)
+    return [f"{k}: checkpoint {a.get(k, '<unset>')!r}, this run {b.get(k, '<unset>')!r}"
+            for k in sorted(set(a) | set(b)) if a.get(k, "<unset>") != b.get(k, "<unset>")]
+
+
+def find_resume(out_dir: str | Path, resume: str, config: dict[str, Any], report) -> Checkpoint | None:
+    """`auto`: the newest checkpoint that verifies and was made with this experiment (others are
+    reported and skipped), or None when there is none at all. A path: that checkpoint.
+
+    Raises:
+        CheckpointError: the given path cannot be trusted.
+        ConfigError: the checkpoint(s) were made with a different experiment; names the keys.
+    """
     if resume != "auto":
-        return load(resume)
+        found = load(resume)
+        differ = config_differences(found.meta["config"], config)
+        if differ:
+            raise ConfigError(f"{found.path}: made with a different experiment; differing keys: "
+                              f"{'; '.join(differ)}")
+        return found
+    mismatched: list[tuple[Path, list[str]]] = []
     for path in list_checkpoints(out_dir):
         try:
-            return load(path)
+            found = load(path)
         except CheckpointError as exc:
             report(f"skipping checkpoint: {exc}")
+            continue
+        differ = config_differences(found.meta["config"], config)
+        if not differ:
+            return found
+        mismatched.append((path, differ))
+        report(f"skipping checkpoint {path.name}: made with a different experiment ({'; '.join(differ)})")
+    if mismatched:
+        path, differ = mismatched[0]
+        raise ConfigError(f"--resume auto: no checkpoint in {out_dir} was made with this experiment; the newest, "
+                          f"{path.name}, differs in {'; '.join(differ)} (start a new output_dir, or resume that "
+                          "run with its own config)")
     return None
 
 
-def split_rng(state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(replicated state, this rank's RNG state): RNG entries are the keys starting with 'rng.'."""
-    rng = {k: v for k, v in state.items() if k.startswith("rng.")}
-    return {k: v for k, v in state.items() if k not in rng}, rng
+def encode(tensors: dict[str, np.ndarray]) -> bytes:
+    from safetensors.numpy import save as st_save
+
+    return st_save({k: np.require(v, requirements="C") for k, v in tensors.items()})
+
+
+def decode(blob: bytes) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load as st_load
+
+    return dict(st_load(blob)) if blob else {}
+
+
+@dataclass
+class Resumed:
+    path: str
+    meta: dict[str, Any]
+    state: dict[str, np.ndarray]  # this rank's share: its shard's state, and its RNG when `rng`
+    rng: bool  # same world size: every rank continues its own random stream
+
+
+class CheckpointManager:
+    """Checkpoints of one run, for every layout. Rank 0 reads and writes the files; the others
+    exchange only their own share with it through the runtime.
+
+    Args:
+        layout: the pipeline's [first, last] layer per stage (None unpipelined); a checkpoint
+            resumes only under the same layout.
+    """
+
+    def __init__(self, cfg: Config, runtime: Runtime, reporter: Reporter, layout: list[list[int]] | None = None):
+        self.cfg, self.runtime, self.reporter, self.layout = cfg, runtime, reporter, layout
+        self.run_id = new_run_id()  # until start() agrees on one (elastic: the state sync does)
+        if runtime.info.is_main:
+            for orphan in remove_orphans(reporter.out_dir):
+                reporter.notice(f"removed an unfinished checkpoint file: {orphan}")
+
+    def start(self, resume: str | None, shard: str) -> Resumed | None:
+        """Fix this run's id; with `resume`, find the checkpoint (rank 0) and hand each rank its share.
+
+        Raises:
+            CheckpointError, ConfigError, HvtrainError: no trustworthy checkpoint for this experiment.
+        """
+        info, rt = self.runtime.info, self.runtime
+        header: Any = None
+        found = None
+        if info.is_main:
+            try:
+                found = self._find(resume) if resume else None
+                header = {"run_id": new_run_id()} if found is None else {
+                    "run_id": found.meta["run_id"], "path": str(found.path), "meta": found.meta}
+            except HvtrainError as exc:
+                header = exc
+        header = rt.broadcast_object(header)
+        if isinstance(header, HvtrainError):
+            raise header
+        self.run_id = header["run_id"]
+        if "meta" not in header:
+            if resume:
+                self.reporter.notice(f"resume: no checkpoint in {self.reporter.out_dir}; starting from scratch")
+            return None
+        meta = header["meta"]
+        same_world = meta["world_size"] == info.size
+        shards = rt.allgather_object(shard)
+        blobs = [encode(self._share(found, shards[r], r, same_world)) for r in range(info.size)] \
+            if info.is_main else None
+        state = decode(rt.scatter_bytes(blobs))
+        changed = "" if same_world else (
+            f"; world size changed {meta['world_size']} -> {info.size}: global batch "
+            f"{self.cfg.data.batch_size * meta['world_size']} -> {self.cfg.data.batch_size * info.size}, per-rank "
+            "random streams reseeded" + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
+        self.reporter.notice(f"resumed from {header['path']} (epoch {meta['epoch']}, step {meta['step']}){changed}")
+        return Resumed(header["path"], meta, state, same_world)
+
+    def _find(self, resume: str) -> Checkpoint | None:
+        found = find_resume(self.reporter.out_dir, resume, self.cfg.to_dict(), self.reporter.notice)
+        if found is None:
+            return None
+        meta = found.meta
+        if meta["backend"] != self.cfg.backend:
+            raise HvtrainError(f"{found.path}: checkpoint was made by backend {meta['backend']!r}, this run uses "
+                               f"{self.cfg.backend!r}; use `hvtrain evaluate` or final.safetensors to move between "
+                               "frameworks")
+        if meta.get("layout") != self.layout:
+            raise HvtrainError(f"{found.path}: made with pipeline stages {meta.get('layout')}, this run has "
+                               f"{self.layout}; resume with the same placement")
+        return found
+
+    @staticmethod
+    def _share(found: Checkpoint, shard: str, rank: int, rng: bool) -> dict[str, np.ndarray]:
+        prefix, mine = f"shard.{shard}.", f"rng.rank{rank}."
+        out = {k[len(prefix):]: v for k, v in found.tensors.items() if k.startswith(prefix)}
+        if rng:
+            out.update({"rng." + k[len(mine):]: v for k, v in found.tensors.items() if k.startswith(mine)})
+        return out
+
+    def save(self, position: dict[str, Any], shard: str, owns_shard: bool, state: dict[str, np.ndarray]) -> None:
+        """One checkpoint at `position` (epoch, step, offset, loss_sum, epoch_steps). Every rank calls it."""
+        info = self.runtime.info
+        share = {f"rng.rank{info.rank}.{k[4:]}": v for k, v in state.items() if k.startswith("rng.")}
+        if owns_shard:
+            share.update({f"shard.{shard}.{k}": v for k, v in state.items() if not k.startswith("rng.")})
+        blobs = self.runtime.gather_bytes(encode(share))
+        if not info.is_main:
+            return
+        tensors: dict[str, np.ndarray] = {}
+        for blob in blobs:
+            tensors.update(decode(blob))
+        meta = {**position, "run_id": self.run_id, "world_size": info.size, "backend": self.cfg.backend,
+                "layout": self.layout, "config": self.cfg.to_dict(), "hvtrain_version": __version__}
+        path = save(self.reporter.out_dir, tensors, meta, self.cfg.train.keep)
+        self.reporter.print(f"checkpoint: {path} (epoch {position['epoch']}, step {position['step']})")

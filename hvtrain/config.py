@@ -8,6 +8,8 @@ records the line of every mapping key and list item) so that errors point into t
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,7 +18,11 @@ from typing import Any, Literal
 
 import yaml
 
+from hvtrain.backend import BACKENDS
 from hvtrain.errors import ConfigError
+
+# The registry's names (hvtrain.backend.BACKENDS is the one list): `backend:` accepts exactly these.
+BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]
 
 # ----------------------------------------------------------------------------- schema
 
@@ -99,7 +105,7 @@ class Config:
     name: str
     data: DataConfig
     model: ModelConfig
-    backend: Literal["torch", "tensorflow"] = "torch"
+    backend: BackendName = "torch"
     seed: int = 0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     loss: Literal["cross_entropy", "binary_cross_entropy", "mse", "mae"] = "cross_entropy"
@@ -143,8 +149,22 @@ class Config:
 # ----------------------------------------------------------------------------- YAML with lines
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that records the 1-based line of each mapping key and list item."""
+class _Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader that also reads YAML 1.2 floats: `3e-4`, `1E5`, `-2.5e+3`, `-.5`.
+
+    PyYAML resolves plain scalars by YAML 1.1, where a float needs a dot and a signed exponent,
+    so `lr: 3e-4` (how nearly every ML config writes a learning rate) would be the string '3e-4'.
+    The YAML 1.1 forms (`.5`, `1_000.5`, `.inf`, `.nan`) keep working; integers stay integers
+    (the int resolver is consulted first); `1e` and `1.2.3` stay strings.
+    """
+
+
+_FLOAT_12 = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+
+
+class _LineLoader(_Yaml12Loader):
+    """Records the 1-based line of each mapping key and list item."""
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict:
@@ -221,7 +241,7 @@ def parse_override(text: str) -> tuple[list[str | int], Any]:
     if not sep or not key.strip() or any(not p or not _is_key(p) for p in parts):
         raise ConfigError(f"--set {text!r}: expected key.path=value, e.g. train.epochs=5")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_Yaml12Loader) if raw.strip() else ""  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {text!r}: value is not valid YAML ({_first_line(exc)})") from None
     return [int(p) if p.isdigit() else p for p in parts], value
@@ -249,6 +269,7 @@ def _apply_override(raw: dict, parts: list[str | int], value: Any, text: str, li
         else:
             if isinstance(part, str) and part not in node:
                 node[part] = {}
+                lines[path] = 0  # created by --set: errors about it point at the --set
             node = node[part]
     lines[path] = 0  # 0 = "from --set"
     for key in [k for k in lines if k.startswith(path + ".") or k.startswith(path + "[")]:
@@ -311,8 +332,12 @@ def _check(cfg: Config) -> None:
         raise cfg.fail(path, f"expected checkpoint_every >= 0 and keep >= 1, got {t.checkpoint_every}, {t.keep}")
     if t.threads < 0:
         raise cfg.fail("train.threads", f"expected >= 0 (0 = automatic), got {t.threads}")
-    if o.lr <= 0:
-        raise cfg.fail("optimizer.lr", f"expected lr > 0, got {o.lr}")
+    if not o.lr > 0 or not math.isfinite(o.lr):
+        raise cfg.fail("optimizer.lr", f"expected a finite lr > 0, got {o.lr}")
+    for path, value in [("horovod.cycle_time_ms", cfg.horovod.cycle_time_ms),
+                        ("horovod.fusion_threshold_mb", cfg.horovod.fusion_threshold_mb)]:
+        if not value >= 0 or not math.isfinite(value):
+            raise cfg.fail(path, f"expected a finite number >= 0, got {value}")
     if o.warmup_epochs < 0:
         raise cfg.fail("optimizer.warmup_epochs", f"expected >= 0, got {o.warmup_epochs}")
     if len(o.betas) != 2:

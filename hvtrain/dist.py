@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hvtrain.errors import ConfigError
+from hvtrain.errors import ConfigError, LaunchError
 
 # Environment variables that hvtrain reads, and the CLI option each one stands for.
 ENV_SETTINGS = {"HVTRAIN_BACKEND": "--backend", "HVTRAIN_OUTPUT_DIR": "--output-dir"}
@@ -39,13 +39,14 @@ def setting(cli_value: str | None, env_name: str) -> str | None:
     return cli_value if cli_value is not None else env_value
 
 
-def local_size_from_env() -> int:
-    """Ranks on this host, from whichever launcher started us (1 when run alone)."""
-    for name in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
+def launch_rank() -> tuple[int, int] | None:
+    """(rank, size) as the launcher told this process, before Horovod starts (None: run alone)."""
+    for rank_var, size_var in (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                               ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")):
+        rank, size = os.environ.get(rank_var, ""), os.environ.get(size_var, "")
+        if rank.isdigit() and size.isdigit():
+            return int(rank), int(size)
+    return None
 
 
 def elastic_launch() -> bool:
@@ -66,27 +67,43 @@ def default_threads(local_size: int) -> int:
     return max(1, cores // max(1, local_size))
 
 
-def horovod_env(cycle_time_ms: float, fusion_threshold_mb: float) -> dict[str, str]:
+def horovod_env(cycle_time_ms: float, fusion_threshold_mb: float, elastic: bool = False) -> dict[str, str]:
     """Horovod knobs from the config; a HOROVOD_* variable already set by the user wins.
 
-    Under Horovod elastic the fusion threshold is left to Horovod: measured with 0.28.1, a
-    survivor segfaults in hvd.init() on the reset after a peer dies when
+    With `elastic` (the run handles resets) the fusion threshold is left to Horovod: measured
+    with 0.28.1, a survivor segfaults in hvd.init() on the reset after a peer dies when
     HOROVOD_FUSION_THRESHOLD is set explicitly (HOROVOD_CYCLE_TIME alone is fine)."""
     wanted = {"HOROVOD_CYCLE_TIME": f"{cycle_time_ms:g}"}
-    if not elastic_launch():
+    if not elastic:
         wanted["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
     return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
-def abort_job(info: ProcessInfo, code: int) -> None:
-    """End every rank now. MPI: MPI_Abort (the launcher kills the job). Gloo: exit this process
-    without running exit handlers (a Horovod shutdown would wait for the other ranks)."""
-    import sys
+def local_gpu(local_rank: int, local_size: int, gpu_count: int) -> int | None:
+    """The GPU this rank pins (Horovod's local-rank pinning), or None to run on the CPU.
 
-    sys.stderr.flush()
-    sys.stdout.flush()
-    if info.controller == "mpi":
-        from mpi4py import MPI
+    Every rank on a host decides from the same (local_size, gpu_count), so either all of them
+    pin a GPU or all of them fail alike: a host with more ranks than GPUs is refused rather than
+    letting two ranks share a device (and deadlock or run out of memory in NCCL/cuDNN).
 
-        MPI.COMM_WORLD.Abort(code)
-    os._exit(code)
+    Args:
+        local_rank: this process's rank on its host (0 <= local_rank < local_size).
+        local_size: ranks on this host.
+        gpu_count: GPUs the framework sees on this host (0 = none, train on the CPU).
+
+    Returns:
+        `local_rank` as the device index, or None when there is no GPU.
+
+    Raises:
+        LaunchError: more ranks on this host than GPUs.
+        ValueError: local_rank outside [0, local_size) (a bug in the caller, not user input).
+    """
+    if not 0 <= local_rank < local_size:
+        raise ValueError(f"local_rank must be in [0, {local_size}), got {local_rank}")
+    if gpu_count <= 0:
+        return None
+    if local_size > gpu_count:
+        raise LaunchError(f"{local_size} ranks on this host but {gpu_count} GPU(s): start at most {gpu_count} "
+                          f"rank(s) per host (slots={gpu_count} in the hostfile), or hide the GPUs "
+                          "(CUDA_VISIBLE_DEVICES=) to train on the CPU")
+    return local_rank

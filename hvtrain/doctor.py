@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
 from hvtrain import __version__
+from hvtrain.backend import BACKENDS
 from hvtrain.launch import mpi
+
+# What doctor looks for per registered backend (keys are exactly hvtrain.backend.BACKENDS, checked
+# by tests/unit/test_registry.py): the distributions that provide its framework (any one) and the
+# framework's Horovod binding. Read from metadata so that a missing framework is reported, not raised.
+FRAMEWORKS: dict[str, tuple[tuple[str, ...], str]] = {
+    "torch": (("torch",), "horovod.torch"),
+    "tensorflow": (("tensorflow-cpu", "tensorflow"), "horovod.tensorflow"),
+}
 
 
 @dataclass
@@ -49,19 +58,19 @@ def collect() -> Report:
     r = Report()
     r.sections["hvtrain"] = {"version": __version__, "python": f"{platform.python_version()} ({sys.executable})"}
     frameworks: dict[str, str] = {}
-    for backend, dist_names, module in [("torch", ("torch",), "torch"),
-                                        ("tensorflow", ("tensorflow-cpu", "tensorflow"), "tensorflow")]:
-        v = _version(*dist_names)
+    for backend in BACKENDS:
+        v = _version(*FRAMEWORKS[backend][0])
         frameworks[backend] = v or "not installed"
         if v is None:
-            r.missing.setdefault(backend, []).append(f"{module} is not installed (pip install hvtrain[{backend}])")
+            r.missing.setdefault(backend, []).append(f"{backend} is not installed (pip install hvtrain[{backend}])")
     r.sections["frameworks"] = frameworks
     hv = {"horovod": _version("horovod") or "not installed"}
     if hv["horovod"] == "not installed":
-        for backend in ("torch", "tensorflow"):
+        for backend in BACKENDS:
             r.missing.setdefault(backend, []).append("horovod is not installed; run `make setup`")
     else:
-        for backend, module in [("torch", "horovod.torch"), ("tensorflow", "horovod.tensorflow")]:
+        for backend in BACKENDS:
+            module = FRAMEWORKS[backend][1]
             if frameworks[backend] == "not installed":
                 continue
             text, problems = _horovod_build(module)

@@ -29,6 +29,12 @@ class Reporter:
             if not keep_metrics:  # a new training run starts a new metrics file (a resumed one continues it)
                 (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
 
+    def rebind(self, info: ProcessInfo) -> None:
+        """This process's rank changed (elastic reset): the new rank 0 writes from now on."""
+        self.info, self.enabled = info, info.is_main
+        if self.enabled:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+
     def print(self, message: str) -> None:
         if self.enabled and not self.quiet:
             print(message, flush=True)
@@ -56,8 +62,15 @@ class Reporter:
         """Resuming: keep the records of the first `epochs` epochs, drop those after the checkpoint."""
         path = self.out_dir / "metrics.jsonl"
         if self.enabled and path.exists():
-            lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["epoch"] <= epochs]
-            atomic_write(path, "".join(ln + "\n" for ln in lines).encode())
+            keep = []
+            for ln in path.read_text(errors="replace").splitlines():
+                try:
+                    record = json.loads(ln)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a kill mid-append
+                if isinstance(record, dict) and record.get("epoch", epochs + 1) <= epochs:
+                    keep.append(ln)
+            atomic_write(path, "".join(ln + "\n" for ln in keep).encode())
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         if self.enabled:
@@ -95,6 +108,11 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself survives a crash only once the directory is synced
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class _NullBar:

@@ -37,9 +37,9 @@ def prepare(config_path: str, backend: str | None = None, output_dir: str | None
     output_dir = setting(output_dir, "HVTRAIN_OUTPUT_DIR")
     if backend is not None:
         extra.append(f"backend={backend}")
-    if output_dir is not None:
-        extra.append(f"output_dir={output_dir}")
     cfg = load_config(config_path, extra)
+    if output_dir is not None:  # a path, taken as written (not parsed as YAML)
+        cfg.output_dir = output_dir
     spec = build_spec(cfg) if cfg.model.entrypoint is None else None
     data = load_dataset(cfg, spec.input_shape if spec else _tuple(cfg.model.input_shape),
                         spec.integer_input if spec else False)
@@ -51,10 +51,7 @@ def prepare(config_path: str, backend: str | None = None, output_dir: str | None
 def train(config_path: str, backend: str | None = None, output_dir: str | None = None,
           overrides: Sequence[str] = (), quiet: bool = False, resume: str | None = None,
           elastic: bool = False) -> dict[str, Any]:
-    from hvtrain.backend import get_backend
-    from hvtrain.output import Reporter
-    from hvtrain.trainer import fit
-
+    """Train one experiment on this process's rank: data parallel, pipelined or hybrid, one loop."""
     p = prepare(config_path, backend, output_dir, overrides)
     if elastic and resume is not None:
         raise ConfigError("--elastic and --resume cannot be combined: elastic state is committed in memory "
@@ -62,45 +59,144 @@ def train(config_path: str, backend: str | None = None, output_dir: str | None =
     if elastic and not elastic_launch():
         raise ConfigError("--elastic: not launched by Horovod elastic; use horovodrun -np N --min-np A --max-np B "
                           "--host-discovery-script SCRIPT hvtrain train CONFIG --elastic")
+    if elastic and p.cfg.pipelined:
+        raise ConfigError("--elastic: pipelined runs cannot be elastic (stages are bound to ranks)")
     if p.cfg.pipelined:
-        if elastic:
-            raise ConfigError("--elastic: pipelined runs cannot be elastic (stages are bound to ranks)")
-        return _train_pipeline(p, quiet, resume)
-    engine = get_backend(p.cfg.backend)
-    info = engine.init(p.cfg)
-    with ending_cleanly(info):
+        from hvtrain.dist import launched_with_gloo
+
+        if launched_with_gloo():
+            raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
+                             "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
+    with Session(p.cfg, p.spec, elastic=elastic) as s:
         if not elastic:  # elastic: workers join mid-run, where only Horovod's state sync may talk
-            check_agreement(p, engine, info)
-        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet, keep_metrics=resume is not None or elastic)
-        summary = fit(p.cfg, p.spec, p.data, engine, info, reporter, resume, elastic)
-    engine.shutdown()
-    return summary
+            check_agreement(p, s.runtime)
+        return s.fit(p, quiet, resume)
+
+
+class Session:
+    """One process's run: the backend (math), the Horovod runtime, and the failure path.
+
+    Entering initialises Horovod (sharing MPI with mpi4py for pipelines, with each stage's replicas
+    as process sets), pins the local rank's GPU and seeds the framework. Any exception inside the
+    block, on any rank, is reported by that rank (`rank r of N: ...`) and ends the whole job.
+    """
+
+    def __init__(self, cfg: Config, spec: ModelSpec | None, elastic: bool = False) -> None:
+        from hvtrain.backend import get_backend
+        from hvtrain.runtime import Runtime
+
+        self.cfg, self.elastic = cfg, elastic
+        self.backend = get_backend(cfg.backend)
+        self.runtime = Runtime(self.backend.horovod_module, self.backend.as_tensor, self.backend.collective_errors)
+        self.comm = self.plan = None
+        groups = None
+        if cfg.pipelined:
+            from mpi4py import MPI
+
+            self.comm = MPI.COMM_WORLD
+            self._guard = _PreInit(self.comm.Get_rank(), self.comm.Get_size())
+            with self._guard:
+                from hvtrain.placement.plan import make_plan
+
+                self.plan = make_plan(cfg, spec, self.comm.Get_size(), {"gpu": self.backend.local_gpus()})
+            groups = [self.plan.dp_group(s) for s in range(self.plan.num_stages)] if self.plan.replicas > 1 else None
+        self.info = self.runtime.init(cfg.horovod, elastic=elastic, comm=self.comm, groups=groups)
+
+    def __enter__(self) -> Session:
+        with ending_cleanly(self.runtime):
+            from hvtrain.dist import local_gpu
+
+            gpus = self.backend.local_gpus()
+            self.backend.configure(self.cfg, self.info, local_gpu(self.info.local_rank, self.info.local_size, gpus))
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)) and self.info.size > 1:
+            _end_job(self.runtime, exc)
+        if exc is None:
+            self.runtime.shutdown()
+        return False
+
+    def fit(self, p: Prepared, quiet: bool, resume: str | None) -> dict[str, Any]:
+        from hvtrain.checkpoint import CheckpointManager
+        from hvtrain.output import Reporter
+        from hvtrain.steps import DataParallelSteps
+        from hvtrain.trainer import Run, fit
+
+        cfg, rt = self.cfg, self.runtime
+        weights = p.spec.init_weights(cfg.seed) if p.spec is not None else None
+        reporter = Reporter(self.info, cfg.out_dir, quiet=quiet, keep_metrics=resume is not None or self.elastic)
+        if self.plan is None:
+            self.backend.build(cfg, p.spec, weights, p.data.num_outputs, rt)
+            steps = DataParallelSteps(self.backend, rt)
+            layout = None
+        else:
+            from hvtrain.placement.runner import PipelineSteps
+            from hvtrain.placement.runner import layout as stage_layout
+
+            s = self.plan.stage_of(self.info.rank)
+            stage = self.plan.stages[s]
+            engine = self.backend.build_stage(cfg, p.spec, list(stage.layers), stage.device, weights,
+                                              self.plan.replicas, rt,
+                                              rt.process_set(s) if self.plan.replicas > 1 else None)
+            steps = PipelineSteps(cfg, self.plan, p.spec, engine, rt, self.comm)
+            layout = stage_layout(self.plan)
+        run = Run(cfg, p.spec, p.data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, layout))
+        if self.elastic:
+            from hvtrain.elastic import Elastic
+
+            return fit(run, resume, Elastic(self.backend))
+        return fit(run, resume)
+
+
+class _PreInit:
+    """Failure handling before Horovod exists (pipeline planning): the rank says who it is and exits."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is not None and self.size > 1 and isinstance(exc, HvtrainError):
+            from mpi4py import MPI
+
+            from hvtrain.dist import ProcessInfo
+            from hvtrain.output import report_failure
+
+            report_failure(ProcessInfo(self.rank, self.size), exc)
+            MPI.COMM_WORLD.Abort(exc.exit_code)
+        return False
 
 
 @contextmanager
-def ending_cleanly(info) -> Iterator[None]:
+def ending_cleanly(runtime) -> Iterator[None]:
     """On several ranks, an error on one rank ends the whole job at once: the rank says who it
     is and why, then aborts MPI (mpirun/horovodrun kill the others) or exits (Gloo: horovodrun
     ends the others). The other ranks would otherwise wait in the next allreduce forever."""
     try:
         yield
     except BaseException as exc:
-        if info.size == 1 or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        if runtime.info.size == 1 or isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        from hvtrain.dist import abort_job
-        from hvtrain.output import report_failure
-
-        report_failure(info, exc)
-        abort_job(info, exc.exit_code if isinstance(exc, HvtrainError) else 1)
+        _end_job(runtime, exc)
 
 
-def check_agreement(p: Prepared, engine, info) -> None:
+def _end_job(runtime, exc: BaseException) -> None:
+    from hvtrain.output import report_failure
+
+    report_failure(runtime.info, exc)
+    runtime.abort(exc.exit_code if isinstance(exc, HvtrainError) else 1)
+
+
+def check_agreement(p: Prepared, runtime) -> None:
     """Cheap start-up check that every rank runs the same experiment on the same data: rank 0's
     fingerprints are broadcast and each rank compares its own (a rank that differs names itself)."""
     mine = fingerprints(p)
-    theirs = engine.broadcast_object(mine)
+    theirs = runtime.broadcast_object(mine)
     differ = [k for k in mine if mine[k] != theirs[k]]
-    agreed = engine.allgather_object(differ)
+    agreed = runtime.allgather_object(differ)
     bad = {r: d for r, d in enumerate(agreed) if d}
     if bad:
         detail = "; ".join(f"rank {r}: {', '.join(d)}" for r, d in bad.items())
@@ -125,59 +221,27 @@ def fingerprints(p: Prepared) -> dict[str, str]:
             "model": hashlib.sha256(repr(model).encode()).hexdigest()[:16]}
 
 
-def _train_pipeline(p: Prepared, quiet: bool, resume: str | None) -> dict[str, Any]:
-    """Pipeline / hybrid run: MPI world shared by mpi4py (activations) and Horovod (gradients)."""
-    from hvtrain.backend import get_backend
-    from hvtrain.dist import launched_with_gloo
-    from hvtrain.output import Reporter
-    from hvtrain.placement.plan import make_plan
-
-    if launched_with_gloo():
-        raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
-                         "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    engine = get_backend(p.cfg.backend)
-    plan = make_plan(p.cfg, p.spec, comm.Get_size(), {"gpu": engine.local_gpus()})
-    from hvtrain.placement.runner import fit_pipeline
-
-    groups = [plan.dp_group(s) for s in range(plan.num_stages)] if plan.replicas > 1 else None
-    info = engine.init(p.cfg, comm=comm, groups=groups)
-    with ending_cleanly(info):
-        check_agreement(p, engine, info)
-        stage = plan.stages[plan.stage_of(info.rank)]
-        stage_engine = engine.build_stage(p.cfg, p.spec, stage, plan, p.spec.init_weights(p.cfg.seed))
-        reporter = Reporter(info, p.cfg.out_dir, quiet=quiet, keep_metrics=resume is not None)
-        summary = fit_pipeline(p.cfg, p.spec, p.data, stage_engine, plan, info, reporter, comm, resume)
-    engine.shutdown()
-    return summary
-
-
 def evaluate(config_path: str, weights_path: str, backend: str | None = None, output_dir: str | None = None,
              overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Validation metrics of saved weights (any backend's), reduced across ranks; writes eval.json."""
-    from hvtrain.backend import get_backend
     from hvtrain.output import Reporter
-    from hvtrain.trainer import evaluate as run_eval
+    from hvtrain.steps import DataParallelSteps
+    from hvtrain.trainer import metrics_from_sums
 
     p = prepare(config_path, backend, output_dir, overrides)
     weights = load_weights(weights_path)
     if p.spec is not None:
         check_weights(p.spec, weights, weights_path)
-    engine = get_backend(p.cfg.backend)
-    info = engine.init(p.cfg)
-    try:
-        engine.build(p.cfg, p.spec, weights, p.data.num_outputs)
-        metrics = run_eval(p.cfg, p.data, engine, info)
+    with Session(p.cfg, p.spec) as s:
+        s.backend.build(p.cfg, p.spec, weights, p.data.num_outputs, s.runtime)
+        total = s.runtime.allreduce_sum(DataParallelSteps(s.backend, s.runtime).eval_sums(p.data))
+        metrics = metrics_from_sums(p.cfg, total)
         result = {"config": config_path, "weights": weights_path, "backend": p.cfg.backend,
-                  "world_size": info.size, **{f"val_{k}": v for k, v in metrics.items()}}
-        reporter = Reporter(info, p.cfg.out_dir, keep_metrics=True)
+                  "world_size": s.info.size, **{f"val_{k}": v for k, v in metrics.items()}}
+        reporter = Reporter(s.info, p.cfg.out_dir, keep_metrics=True)
         reporter.write_json("eval.json", result)
         reporter.print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
         return result
-    finally:
-        engine.shutdown()
 
 
 def load_weights(path: str) -> dict[str, np.ndarray]:

@@ -40,8 +40,11 @@ def run_env() -> dict[str, str]:
     return env
 
 
-def run(argv: list[str], timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=timeout)
+def run(argv: list[str], timeout: float = 300, check: bool = True,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run argv from the repository root; `env` (default run_env()) is the whole environment."""
+    proc = subprocess.run(argv, cwd=ROOT, env=run_env() if env is None else env, capture_output=True, text=True,
+                          timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{argv} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
                              f"stderr:\n{proc.stderr[-4000:]}")

@@ -1,4 +1,4 @@
-"""TensorFlowBackend: TF 2 / Keras 3 under horovod.tensorflow, compiled (tf.function) steps.
+"""TensorFlowBackend: TF 2 / Keras 3 math under horovod.tensorflow, compiled (tf.function) steps.
 
 Horovod's TF helpers expect tf.Variables; Keras 3 variables wrap one in `.value`, so
 everything handed to Horovod is `[v.value for v in ...]`. Gradients are accumulated
@@ -8,7 +8,6 @@ locally and reduced once per optimizer step with one grouped (fused) allreduce.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -17,49 +16,53 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from hvtrain.backend import Backend
-from hvtrain.collectives import HorovodCollectives, load_entrypoint  # noqa: E402
+from hvtrain.backend import Backend  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
-from hvtrain.dist import (  # noqa: E402
-    ProcessInfo,
-    default_threads,
-    elastic_launch,
-    local_size_from_env,
-)
-from hvtrain.placement.plan import PipelinePlan, Stage  # noqa: E402
-from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer  # noqa: E402
+from hvtrain.dist import ProcessInfo, default_threads  # noqa: E402
+from hvtrain.entrypoint import load_entrypoint  # noqa: E402
+from hvtrain.runtime import Runtime  # noqa: E402
+from hvtrain.spec import ModelSpec  # noqa: E402
 
-from .elastic import keras_state  # noqa: E402
-from .model import build_model, keras_to_neutral, neutral_to_keras  # noqa: E402
+from .elastic import make_state  # noqa: E402
+from .model import build_model, from_native, to_native  # noqa: E402
 from .ops import LOSSES, eval_sums, is_rng, load_training_state, make_optimizer, training_state  # noqa: E402
 from .stage import TensorFlowStage  # noqa: E402
 
-_POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
-class TensorFlowBackend(HorovodCollectives, Backend):
+class TensorFlowBackend(Backend):
     name = "tensorflow"
+    horovod_module = "horovod.tensorflow"
+    # A failed Horovod collective surfaces as one of these op errors.
+    collective_errors = (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError)
 
     def __init__(self) -> None:
-        import horovod.tensorflow as hvd
-
-        self.hvd = hvd
         self.model: keras.Model | None = None
         self.spec: ModelSpec | None = None
 
-    # -- lifecycle -------------------------------------------------------------------------
-    def init(self, cfg: Config, comm: Any = None, groups: list[list[int]] | None = None) -> ProcessInfo:
-        threads = cfg.train.threads or default_threads(local_size_from_env())
+    @staticmethod
+    def as_tensor(values: np.ndarray) -> tf.Tensor:
+        return tf.constant(np.ascontiguousarray(values))
+
+    def configure(self, cfg: Config, info: ProcessInfo, gpu: int | None) -> None:
+        threads = cfg.train.threads or default_threads(info.local_size)
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
-        return self._init_horovod(cfg, comm, groups)
+        if gpu is not None:  # Horovod's local-rank pinning: this rank sees one GPU
+            gpus = tf.config.list_physical_devices("GPU")
+            tf.config.experimental.set_memory_growth(gpus[gpu], True)
+            tf.config.set_visible_devices(gpus[gpu], "GPU")
+        keras.utils.set_random_seed(cfg.seed * 7919 + info.rank)  # dropout masks differ per rank
+
+    def local_gpus(self) -> int:
+        return len(tf.config.list_physical_devices("GPU"))
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int) -> None:
-        hvd = self.hvd
-        self.cfg, self.spec = cfg, spec
-        keras.utils.set_random_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
-        policy = _POLICY.get(cfg.train.precision)
+              num_outputs: int, runtime: Runtime) -> None:
+        hvd = runtime.hvd
+        self.cfg, self.spec, self.runtime = cfg, spec, runtime
+        policy = POLICY.get(cfg.train.precision)
         self.model = load_entrypoint(cfg, keras.Model, "keras.Model") if spec is None else build_model(spec, policy)
         if weights is not None:
             self.set_weights(weights)
@@ -68,7 +71,7 @@ class TensorFlowBackend(HorovodCollectives, Backend):
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         self.train_vars = self.model.trainable_variables
         self.optimizer.build(self.train_vars)
-        if self.info.size > 1 and not elastic_launch():  # elastic: the state's sync() broadcasts
+        if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
             # RNG (seed generator) states stay per rank, everything else comes from rank 0
             hvd.broadcast_variables([v.value for v in self.model.variables if not is_rng(v)], root_rank=0)
             hvd.broadcast_variables([v.value for v in self.optimizer.variables], root_rank=0)
@@ -80,16 +83,10 @@ class TensorFlowBackend(HorovodCollectives, Backend):
         self.compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
         self._compile()
 
-    def shutdown(self) -> None:
-        self.hvd.shutdown()
-
-    def local_gpus(self) -> int:
-        return len(tf.config.list_physical_devices("GPU"))
-
-    def build_stage(self, cfg: Config, spec: ModelSpec, stage: Stage, plan: PipelinePlan,
-                    weights: dict[str, np.ndarray]) -> TensorFlowStage:
-        ps = self.process_sets[stage.index] if plan.replicas > 1 else None
-        return TensorFlowStage(self.hvd, cfg, spec, stage, plan.replicas, weights, ps)
+    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], device: str,
+                    weights: dict[str, np.ndarray], replicas: int, runtime: Runtime,
+                    process_set: Any) -> TensorFlowStage:
+        return TensorFlowStage(runtime.hvd, cfg, spec, layers, device, replicas, weights, process_set)
 
     # -- compiled steps ----------------------------------------------------------------------
     def _compile(self) -> None:
@@ -97,17 +94,23 @@ class TensorFlowBackend(HorovodCollectives, Backend):
         y_dtype = tf.float32 if self.cfg.loss in ("mse", "mae") else tf.int64
         y_sig = tf.TensorSpec(None, y_dtype)
         w_sig = tf.TensorSpec((None,), tf.float32)
-        size = float(self.info.size)
+        hvd, size = self.runtime.hvd, float(self.runtime.info.size)
+        distributed = self.runtime.info.size > 1
         scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
 
         def local_grads(x, y, w):
             with tf.GradientTape() as tape:
-                out = tf.cast(self.model(x, training=True), tf.float32)
+                # an all-zero-weight batch (a rank's empty share) runs in inference mode: no
+                # statistics updated, zero gradients
+                out = tf.cond(tf.reduce_any(w != 0), lambda: self.model(x, training=True),
+                              lambda: self.model(x, training=False))
+                out = tf.cast(out, tf.float32)
                 loss = tf.reduce_sum(self.loss_fn(out, y) * w)
                 total = loss * size  # Horovod averages; see hvtrain.data.Batch
                 if scaled:
                     total = self.optimizer.scale_loss(total)
             grads = tape.gradient(total, [v.value for v in self.train_vars])
+            grads = [tf.zeros_like(v.value) if g is None else g for g, v in zip(grads, self.train_vars, strict=True)]
             finite = tf.math.is_finite(loss)
             self.loss_acc.assign_add(tf.where(finite, tf.cast(loss, tf.float64), tf.constant(0.0, tf.float64)))
             return grads, loss
@@ -123,11 +126,12 @@ class TensorFlowBackend(HorovodCollectives, Backend):
         def apply(x, y, w):
             local, loss = local_grads(x, y, w)
             grads = [acc + g for acc, g in zip(self.accum, local, strict=True)]
-            if self.info.size > 1:
-                grads = self.hvd.grouped_allreduce(grads, op=self.hvd.Average, compression=self.compression,
-                                                   name="hvtrain.grads")
-            if self.l2:
-                grads = [g + self.l2 * v.value for g, v in zip(grads, self.train_vars, strict=True)]
+            if distributed:
+                grads = hvd.grouped_allreduce(grads, op=hvd.Average, compression=self.compression,
+                                              name="hvtrain.grads")
+            if self.l2:  # L2 on the gradient; loss-scaled gradients get the term scaled alike
+                factor = self.l2 * (self.optimizer.dynamic_scale if scaled else 1.0)
+                grads = [g + factor * v.value for g, v in zip(grads, self.train_vars, strict=True)]
             if self.skip_nan:  # decided on averaged gradients: the same on every rank
                 finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
 
@@ -163,9 +167,16 @@ class TensorFlowBackend(HorovodCollectives, Backend):
     def set_lr(self, lr: float) -> None:
         self.optimizer.learning_rate.assign(lr)
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> bool:
-        loss = (self._apply if apply else self._accumulate)(x, y, weights)
+    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool) -> bool:
+        loss = (self._apply if apply else self._accumulate)(x, y, sample_weight)
         return bool(np.isfinite(loss.numpy()))
+
+    def discard_gradients(self) -> None:
+        for acc in self.accum:
+            acc.assign(tf.zeros_like(acc))
+
+    def on_world_change(self) -> None:
+        self._compile()  # the world size is baked into the compiled steps
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self.loss_acc.numpy())
@@ -179,36 +190,6 @@ class TensorFlowBackend(HorovodCollectives, Backend):
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self._forward(x).numpy()
 
-    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
-        if self.info.size == 1:
-            return values
-        t = tf.constant(np.ascontiguousarray(values, np.float64))
-        return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
-
-    def elastic_state(self, counters: dict[str, Any]) -> Any:
-        return keras_state(self.hvd, lambda: [v for v in self.model.variables if not is_rng(v)]
-                           + list(self.optimizer.variables), **counters)
-
-    def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        from horovod.common.exceptions import HorovodInternalError
-
-        def guarded(state: Any) -> Any:
-            # horovod.tensorflow.elastic.run recognises a failed collective only by op names in the
-            # message (not GroupedAllreduce, nor a bare gloo "connection closed") and otherwise
-            # returns None. Collective failures surface as Unknown/Internal/Aborted op errors:
-            # hand them to Horovod as HorovodInternalError so it restores and resets.
-            try:
-                return fn(state)
-            except (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError) as exc:
-                raise HorovodInternalError(exc) from exc
-
-        return self.hvd.elastic.run(guarded)
-
-    def refresh(self) -> ProcessInfo:
-        self.info = self._read_info("gloo")  # elastic runs use the Gloo controller
-        self._compile()  # the world size is baked into the compiled steps
-        return self.info
-
     # -- state and weights -------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:
         return training_state(self.model, self.optimizer)
@@ -216,22 +197,12 @@ class TensorFlowBackend(HorovodCollectives, Backend):
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
         load_training_state(state, self.model, self.optimizer, rng)
 
-    # -- weights ---------------------------------------------------------------------------
+    def elastic_state(self, hvd: Any, counters: dict[str, Any]) -> Any:
+        return make_state(hvd, lambda: [v for v in self.model.variables if not is_rng(v)]
+                          + list(self.optimizer.variables), counters)
+
     def get_weights(self) -> dict[str, np.ndarray]:
-        if self.spec is None:
-            return {v.path: np.array(v.numpy()) for v in self.model.variables}
-        return from_layers(self.spec, [keras_to_neutral(layer, kl)
-                                       for layer, kl in zip(self.spec.layers, self.model.layers, strict=True)])
+        return from_native(self.spec, self.model)
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        if self.spec is None:
-            by_path = {v.path: v for v in self.model.variables}
-            for name, value in weights.items():
-                by_path[name].assign(value)
-            return
-        check_weights(self.spec, weights, "weights")
-        for layer, kl, w in zip(self.spec.layers, self.model.layers, per_layer(self.spec, weights), strict=True):
-            neutral_to_keras(layer, kl, w)
-
-
-# ----------------------------------------------------------------------------- helpers
+        to_native(self.spec, self.model, weights)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 
-def keras_state(hvd: Any, variables: Any, **counters: Any) -> Any:
+def make_state(hvd: Any, variables: Any, counters: dict[str, Any]) -> Any:
     """`variables()` returns the variables to track (re-evaluated at each save/restore/sync)."""
 
     class KerasState(hvd.elastic.ObjectState):

@@ -9,17 +9,33 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import tensorflow as tf
 
-from hvtrain.spec import LayerSpec, ModelSpec
+from hvtrain.entrypoint import check_native_names
+from hvtrain.spec import LayerSpec, ModelSpec, check_weights, from_layers, per_layer
+
+
+class BatchNorm(keras.layers.BatchNormalization):
+    """A training batch with one value per channel (one sample of a dense layer) has no batch
+    statistics: it is normalised with the moving statistics, which it leaves unchanged (Keras
+    would output beta, torch would raise); both backends do the same."""
+
+    def call(self, inputs, training=None, mask=None):
+        parent = super()
+        if not training:
+            return parent.call(inputs, training=False, mask=mask)
+        single = tf.equal(tf.size(inputs), tf.shape(inputs)[-1])
+        return tf.cond(single, lambda: parent.call(inputs, training=False, mask=mask),
+                       lambda: parent.call(inputs, training=True, mask=mask))
 
 
 def build_model(spec: ModelSpec, dtype_policy: str | None = None) -> keras.Sequential:
-    kw = {"dtype": dtype_policy} if dtype_policy else {}
     inputs = keras.Input(shape=spec.input_shape, dtype="int64" if spec.integer_input else "float32")
-    return keras.Sequential([inputs] + [_layer(layer, kw) for layer in spec.layers])
+    return keras.Sequential([inputs] + [build_layer(layer, dtype_policy) for layer in spec.layers])
 
 
-def _layer(layer: LayerSpec, kw: dict) -> keras.layers.Layer:
+def build_layer(layer: LayerSpec, dtype_policy: str | None = None) -> keras.layers.Layer:
+    kw = {"dtype": dtype_policy} if dtype_policy else {}
     o, kind = layer.options, layer.type
     if kind == "dense":
         return keras.layers.Dense(o["units"], activation=o["activation"], use_bias=o["use_bias"], **kw)
@@ -37,7 +53,7 @@ def _layer(layer: LayerSpec, kw: dict) -> keras.layers.Layer:
     if kind == "dropout":
         return keras.layers.Dropout(o["rate"], **kw)
     if kind == "batchnorm":
-        return keras.layers.BatchNormalization(momentum=o["momentum"], epsilon=o["epsilon"], **kw)
+        return BatchNorm(momentum=o["momentum"], epsilon=o["epsilon"], **kw)
     if kind == "activation":
         return keras.layers.Activation(o["activation"], **kw)
     if kind == "embedding":
@@ -49,10 +65,11 @@ def _layer(layer: LayerSpec, kw: dict) -> keras.layers.Layer:
     raise AssertionError(kind)
 
 
-def neutral_to_keras(layer: LayerSpec, keras_layer: keras.layers.Layer, w: dict[str, np.ndarray]) -> None:
+def layer_to_native(layer: LayerSpec, native: keras.layers.Layer, w: dict[str, np.ndarray]) -> None:
+    """Load one layer's neutral weights (keyed by param name, e.g. 'kernel') into its Keras layer."""
     names = [spec.name.rsplit(".", 1)[1] for spec in layer.weights]
     values = [w[n] for n in names]
-    current = keras_layer.weights
+    current = native.weights
     if [tuple(v.shape) for v in current] != [tuple(v.shape) for v in values]:
         raise AssertionError(f"layer {layer.index} ({layer.type}): keras shapes "
                              f"{[tuple(v.shape) for v in current]} != neutral {[v.shape for v in values]}")
@@ -60,6 +77,32 @@ def neutral_to_keras(layer: LayerSpec, keras_layer: keras.layers.Layer, w: dict[
         var.assign(value)
 
 
-def keras_to_neutral(layer: LayerSpec, keras_layer: keras.layers.Layer) -> dict[str, np.ndarray]:
+def layer_from_native(layer: LayerSpec, native: keras.layers.Layer) -> dict[str, np.ndarray]:
+    """One layer's neutral weights (keyed by param name) read from its Keras layer."""
     names = [spec.name.rsplit(".", 1)[1] for spec in layer.weights]
-    return {n: np.array(v.numpy(), np.float32) for n, v in zip(names, keras_layer.weights, strict=True)}
+    return {n: np.array(v.numpy(), np.float32) for n, v in zip(names, native.weights, strict=True)}
+
+
+def to_native(spec: ModelSpec | None, model: keras.Model, weights: dict[str, np.ndarray]) -> None:
+    """Load neutral weights (variable paths for entrypoint models, spec None).
+
+    Raises:
+        DataError: names or shapes that do not match the model.
+    """
+    if spec is None:
+        by_path = {v.path: v for v in model.variables if "seed_generator" not in v.path}
+        check_native_names(by_path, {k: tuple(v.shape) for k, v in by_path.items()}, weights)
+        for name, value in weights.items():
+            by_path[name].assign(value)
+        return
+    check_weights(spec, weights, "weights")
+    for layer, native, w in zip(spec.layers, model.layers, per_layer(spec, weights), strict=True):
+        layer_to_native(layer, native, w)
+
+
+def from_native(spec: ModelSpec | None, model: keras.Model) -> dict[str, np.ndarray]:
+    """All weights, neutral layout (variable paths for entrypoint models)."""
+    if spec is None:
+        return {v.path: np.array(v.numpy()) for v in model.variables if "seed_generator" not in v.path}
+    return from_layers(spec, [layer_from_native(layer, native) for layer, native in zip(spec.layers, model.layers,
+                                                                                          strict=True)])

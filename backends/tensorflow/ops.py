@@ -28,18 +28,62 @@ def _mae(out, y):
 LOSSES = {"cross_entropy": _ce, "binary_cross_entropy": _bce, "mse": _mse, "mae": _mae}
 
 
+class _TorchAdamStep:
+    """Adam's step as PyTorch (and the paper's Algorithm 1) writes it: eps is added to sqrt(v_hat).
+    Keras adds it to sqrt(v) with the bias correction folded into the rate, so the same `eps`
+    would mean a different, step-dependent epsilon."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        ops = keras.ops
+        lr = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        step = ops.cast(self.iterations + 1, variable.dtype)
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
+        self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
+        m_hat = ops.divide(m, 1 - ops.power(ops.cast(self.beta_1, variable.dtype), step))
+        v_hat = ops.divide(v, 1 - ops.power(ops.cast(self.beta_2, variable.dtype), step))
+        self.assign_sub(variable, ops.divide(ops.multiply(lr, m_hat), ops.add(ops.sqrt(v_hat), self.epsilon)))
+
+
+class Adam(_TorchAdamStep, keras.optimizers.Adam):
+    pass
+
+
+class AdamW(_TorchAdamStep, keras.optimizers.AdamW):
+    """Decoupled decay (var -= lr * wd * var, applied by Keras before the step), then Adam's step."""
+
+
+class RMSprop(keras.optimizers.RMSprop):
+    """PyTorch's RMSprop: eps added to sqrt(v); momentum accumulates g / (sqrt(v) + eps) and lr
+    multiplies the buffer (Keras puts eps under the root and lr inside the buffer)."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        ops = keras.ops
+        lr = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        v = self._velocities[self._get_variable_index(variable)]
+        self.assign(v, ops.add(ops.multiply(self.rho, v), ops.multiply(1 - self.rho, ops.square(gradient))))
+        step = ops.divide(gradient, ops.add(ops.sqrt(v), self.epsilon))
+        if self.momentum > 0:
+            buf = self._momentums[self._get_variable_index(variable)]
+            self.assign(buf, ops.add(ops.multiply(self.momentum, buf), step))
+            step = buf
+        self.assign_sub(variable, ops.multiply(lr, step))
+
+
 def make_optimizer(cfg: Config) -> keras.optimizers.Optimizer:
     """Same semantics as the torch backend: weight_decay is L2 (added to the gradient) except
-    for adamw, where it is decoupled."""
+    for adamw, where it is decoupled; Adam and RMSprop take eps as PyTorch does."""
     o = cfg.optimizer
     if o.name == "sgd":
         return keras.optimizers.SGD(o.lr, momentum=o.momentum, nesterov=o.nesterov)
     if o.name == "adam":
-        return keras.optimizers.Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
+        return Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
     if o.name == "adamw":
-        return keras.optimizers.AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1],
-                                      epsilon=o.eps)
-    return keras.optimizers.RMSprop(o.lr, rho=o.rho, momentum=o.momentum, epsilon=o.eps)
+        return AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
+    return RMSprop(o.lr, rho=o.rho, momentum=o.momentum, epsilon=o.eps)
 
 
 def eval_sums(loss: str, out: np.ndarray, y: np.ndarray) -> np.ndarray:

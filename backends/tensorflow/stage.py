@@ -5,30 +5,33 @@ the gradients of the stage's variables and of its input, given the output's grad
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
 from hvtrain.config import Config
-from hvtrain.placement.plan import Stage
 from hvtrain.placement.stage import StageEngine
 from hvtrain.spec import ModelSpec, per_layer
 
-from .model import build_model, keras_to_neutral, neutral_to_keras
+from .model import build_model, layer_from_native, layer_to_native
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
+
+POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 class TensorFlowStage(StageEngine):
-    def __init__(self, hvd, cfg: Config, spec: ModelSpec, stage: Stage, replicas: int,
-                 weights: dict[str, np.ndarray], process_set) -> None:
+    def __init__(self, hvd: Any, cfg: Config, spec: ModelSpec, layers: list[int], device: str, replicas: int,
+                 weights: dict[str, np.ndarray], process_set: Any) -> None:
         self.hvd, self.cfg, self.replicas, self.process_set = hvd, cfg, replicas, process_set
-        self.layers = [spec.layers[i] for i in stage.layers]
-        self.device = "/CPU:0" if stage.device == "cpu" else f"/GPU:{stage.device.split(':')[1]}"
+        self.layers = [spec.layers[i] for i in layers]
+        self.device = "/CPU:0" if device == "cpu" else f"/GPU:{device.split(':')[1]}"
         sub = ModelSpec(input_shape=self.layers[0].input_shape, layers=self.layers)
         with tf.device(self.device):
-            self.model = build_model(sub)
+            self.model = build_model(sub, POLICY.get(cfg.train.precision))
             grouped = per_layer(spec, weights)
-            for layer, kl in zip(self.layers, self.model.layers, strict=True):
-                neutral_to_keras(layer, kl, grouped[layer.index])
+            for layer, native in zip(self.layers, self.model.layers, strict=True):
+                layer_to_native(layer, native, grouped[layer.index])
             self.optimizer = make_optimizer(cfg)
             self.vars = self.model.trainable_variables
             self.optimizer.build(self.vars)
@@ -37,51 +40,68 @@ class TensorFlowStage(StageEngine):
         self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
         self.first = self.layers[0].index == 0
         self.graphs: dict[int, tuple] = {}
+        self.grads: list[tf.Tensor] | None = None
         self.loss_acc = 0.0
 
-    def _run(self, key: int, x: np.ndarray, finish=None):
+    def _run(self, key: int, x: np.ndarray, padding: bool, finish=None):
         inp = tf.constant(x)
         with tf.device(self.device), tf.GradientTape() as tape:
             if not self.first:
                 tape.watch(inp)
-            out = tf.cast(self.model(inp, training=True), tf.float32)
+            out = tf.cast(self.model(inp, training=not padding), tf.float32)
             target = finish(out) if finish else out
         self.graphs[key] = (tape, inp, target)
         return out
 
-    def forward(self, key: int, x: np.ndarray) -> np.ndarray:
-        return self._run(key, x).numpy()
+    def forward(self, key: int, x: np.ndarray, padding: bool = False) -> np.ndarray:
+        return self._run(key, x, padding).numpy()
 
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> bool:
+    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray,
+                     scale: float = 1.0) -> float:
         losses = []
 
         def finish(out):
-            loss = tf.reduce_sum(self.loss_fn(out, tf.constant(y)) * tf.constant(w))
+            loss = tf.reduce_sum(self.loss_fn(out, tf.constant(y)) * tf.constant(sample_weight))
             losses.append(loss)
-            return loss * self.replicas  # Horovod averages over the replicas
+            return loss * (self.replicas * scale)  # Horovod averages over the replicas
 
-        self._run(key, x, finish)
-        self.loss_acc += float(losses[0])
-        return bool(np.isfinite(float(losses[0])))
+        self._run(key, x, not sample_weight.any(), finish)
+        value = float(losses[0])
+        if np.isfinite(value):
+            self.loss_acc += value
+        return value
 
     def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
         tape, inp, target = self.graphs.pop(key)
         sources = [v.value for v in self.vars] + ([] if self.first else [inp])
         grads = tape.gradient(target, sources, output_gradients=None if grad is None else tf.constant(grad))
         for acc, g in zip(self.accum, grads[: len(self.vars)], strict=True):
-            acc.assign_add(g)
+            if g is not None:
+                acc.assign_add(tf.cast(g, tf.float32))
         return None if self.first else grads[-1].numpy()
 
-    def step(self) -> None:
+    def reduce_gradients(self, inv_scale: float = 1.0) -> bool:
         grads = [tf.convert_to_tensor(a) for a in self.accum]
         if self.process_set is not None:
-            compression = self.hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else \
-                self.hvd.Compression.none
-            grads = self.hvd.grouped_allreduce(grads, op=self.hvd.Average, compression=compression,
-                                               process_set=self.process_set, name="hvtrain.stage_grads")
-        if self.l2:
+            hvd = self.hvd
+            compression = hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else hvd.Compression.none
+            grads = hvd.grouped_allreduce(grads, op=hvd.Average, compression=compression,
+                                          process_set=self.process_set, name="hvtrain.stage_grads")
+        if inv_scale != 1.0:
+            grads = [g * inv_scale for g in grads]
+        if self.l2:  # L2 on the unscaled gradient, as in the unpipelined step
             grads = [g + self.l2 * v.value for g, v in zip(grads, self.vars, strict=True)]
-        self.optimizer.apply(grads, self.vars)
+        self.grads = grads
+        return bool(all(tf.reduce_all(tf.math.is_finite(g)) for g in grads))
+
+    def apply_update(self, update: bool = True) -> None:
+        if update:
+            self.optimizer.apply(self.grads, self.vars)
+        self.discard_gradients()
+
+    def discard_gradients(self) -> None:
+        self.graphs.clear()
+        self.grads = None
         for acc in self.accum:
             acc.assign(tf.zeros_like(acc))
 
@@ -102,11 +122,8 @@ class TensorFlowStage(StageEngine):
         return value
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        out = {}
-        for layer, kl in zip(self.layers, self.model.layers, strict=True):
-            for param, v in keras_to_neutral(layer, kl).items():
-                out[f"layers.{layer.index}.{param}"] = v
-        return out
+        return {f"layers.{layer.index}.{param}": v for layer, native in zip(self.layers, self.model.layers, strict=True)
+                for param, v in layer_from_native(layer, native).items()}
 
     def get_state(self) -> dict[str, np.ndarray]:
         return training_state(self.model, self.optimizer)
@@ -116,5 +133,3 @@ class TensorFlowStage(StageEngine):
 
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.vars))
-
-

@@ -1,4 +1,4 @@
-"""TorchBackend: PyTorch under horovod.torch (DistributedOptimizer, ring-allreduce, fusion)."""
+"""TorchBackend: PyTorch math under horovod.torch (DistributedOptimizer: ring-allreduce, fusion)."""
 
 from __future__ import annotations
 
@@ -9,91 +9,96 @@ import numpy as np
 import torch
 
 from hvtrain.backend import Backend
-from hvtrain.collectives import HorovodCollectives, load_entrypoint
 from hvtrain.config import Config
-from hvtrain.dist import (
-    ProcessInfo,
-    default_threads,
-    elastic_launch,
-    local_size_from_env,
-)
-from hvtrain.placement.plan import PipelinePlan, Stage
-from hvtrain.spec import ModelSpec, check_weights, from_layers, per_layer
+from hvtrain.dist import ProcessInfo, default_threads
+from hvtrain.entrypoint import load_entrypoint
+from hvtrain.runtime import Runtime
+from hvtrain.spec import ModelSpec
 
-from .model import build_module, neutral_to_torch, torch_to_neutral
+from .elastic import make_state
+from .model import build_model, from_native, to_native
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 from .stage import TorchStage
 
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class TorchBackend(HorovodCollectives, Backend):
+class TorchBackend(Backend):
     name = "torch"
+    horovod_module = "horovod.torch"
 
     def __init__(self) -> None:
-        import horovod.torch as hvd
-
-        self.hvd = hvd
         self.model: torch.nn.Module | None = None
         self.spec: ModelSpec | None = None
+        self.device = torch.device("cpu")
         self._loss_acc = torch.zeros((), dtype=torch.float64)
 
-    # -- lifecycle -------------------------------------------------------------------------
-    def init(self, cfg: Config, comm: Any = None, groups: list[list[int]] | None = None) -> ProcessInfo:
-        torch.set_num_threads(cfg.train.threads or default_threads(local_size_from_env()))
-        return self._init_horovod(cfg, comm, groups)
+    @staticmethod
+    def as_tensor(values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.require(values, requirements=["C", "W"]))
 
-    def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int) -> None:
-        hvd = self.hvd
-        self.cfg, self.spec = cfg, spec
-        torch.manual_seed(cfg.seed * 7919 + self.info.rank)  # dropout masks differ per rank
-        self.model = load_entrypoint(cfg, torch.nn.Module, "torch.nn.Module") if spec is None else build_module(spec)
-        if weights is not None:
-            self.set_weights(weights)
-        self.optimizer = make_optimizer(cfg, self.model)
-        if self.info.size > 1 and not elastic_launch():  # elastic: state.sync() broadcasts
-            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
-        if self.info.size > 1 or elastic_launch():  # elastic: the world may grow later
-            compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
-            self.optimizer = hvd.DistributedOptimizer(
-                self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
-                backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average)
-        self.autocast = _AUTOCAST.get(cfg.train.precision)
-        self.scaler = torch.amp.GradScaler("cpu") if cfg.train.precision == "fp16" else None
-        self.loss_fn = LOSSES[cfg.loss]
-        self.skip_nan = cfg.train.on_nan == "skip"
-        self.model.train()
-
-    def shutdown(self) -> None:
-        self.hvd.shutdown()
+    def configure(self, cfg: Config, info: ProcessInfo, gpu: int | None) -> None:
+        torch.set_num_threads(cfg.train.threads or default_threads(info.local_size))
+        if gpu is not None:  # Horovod's local-rank pinning
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
+        torch.manual_seed(cfg.seed * 7919 + info.rank)  # dropout masks differ per rank
 
     def local_gpus(self) -> int:
         return torch.cuda.device_count()
 
-    def build_stage(self, cfg: Config, spec: ModelSpec, stage: Stage, plan: PipelinePlan,
-                    weights: dict[str, np.ndarray]) -> TorchStage:
-        ps = self.process_sets[stage.index] if plan.replicas > 1 else None
-        return TorchStage(self.hvd, cfg, spec, stage, plan.replicas, weights, ps)
+    def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
+              num_outputs: int, runtime: Runtime) -> None:
+        hvd = runtime.hvd
+        self.cfg, self.spec, self.runtime = cfg, spec, runtime
+        model = load_entrypoint(cfg, torch.nn.Module, "torch.nn.Module") if spec is None else build_model(spec)
+        self.model = model.to(self.device)
+        if weights is not None:
+            self.set_weights(weights)
+        self.optimizer = make_optimizer(cfg, self.model)
+        if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        if runtime.distributed:
+            compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
+            self.optimizer = hvd.DistributedOptimizer(
+                self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
+                backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average)
+        self.autocast = AUTOCAST.get(cfg.train.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.train.precision == "fp16" else None
+        self.loss_fn = LOSSES[cfg.loss]
+        self.skip_nan = cfg.train.on_nan == "skip"
+        self.model.train()
+
+    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], device: str,
+                    weights: dict[str, np.ndarray], replicas: int, runtime: Runtime, process_set: Any) -> TorchStage:
+        return TorchStage(runtime.hvd, cfg, spec, layers, device, replicas, weights, process_set)
 
     # -- steps -----------------------------------------------------------------------------
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, weights: np.ndarray, apply: bool) -> bool:
-        xt, yt, wt = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(weights)
-        with torch.autocast("cpu", dtype=self.autocast, enabled=self.autocast is not None):
-            out = self.model(xt)
+    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool) -> bool:
+        xt, yt = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        wt = torch.from_numpy(sample_weight).to(self.device)
+        padding = not sample_weight.any()  # an empty share: joins the allreduce, touches no statistics
+        if padding:
+            self.model.eval()
+        try:
+            with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                out = self.model(xt)
+        finally:
+            if padding:
+                self.model.train()
         loss = (self.loss_fn(out.float(), yt) * wt).sum()
-        finite = bool(torch.isfinite(loss))  # CPU eager: no extra synchronisation
+        finite = bool(torch.isfinite(loss))
         if not finite and not self.skip_nan:
-            return False  # the trainer stops the job, naming this rank and step
+            return False  # the loop stops the job, naming this rank and step
         if finite:
-            self._loss_acc += loss.detach()
+            self._loss_acc += loss.detach().double().cpu()
         # Horovod averages over ranks; each rank's weighted sum is 1/size of the global mean.
-        scaled = loss * self.info.size
+        scaled = loss * self.runtime.info.size
         if self.scaler is not None:
             self.scaler.scale(scaled).backward()
         else:
@@ -103,28 +108,38 @@ class TorchBackend(HorovodCollectives, Backend):
         return finite
 
     def _update(self) -> None:
-        distributed = self.info.size > 1 or elastic_launch()
+        distributed = self.runtime.distributed
         if distributed and (self.scaler is not None or self.skip_nan):
             self.optimizer.synchronize()  # averaged gradients, before deciding anything on them
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-            if distributed:
-                with self.optimizer.skip_synchronize():
-                    self.scaler.step(self.optimizer)
-            else:
-                self.scaler.step(self.optimizer)
+            self._step(distributed, lambda: self.scaler.step(self.optimizer))
             self.scaler.update()
         elif self.skip_nan:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             if all(bool(torch.isfinite(g).all()) for g in grads):  # same decision on every rank
-                if distributed:
-                    with self.optimizer.skip_synchronize():
-                        self.optimizer.step()
-                else:
-                    self.optimizer.step()
+                self._step(distributed, self.optimizer.step)
         else:
             self.optimizer.step()
         self.optimizer.zero_grad()
+
+    def _step(self, synchronized: bool, step: Callable[[], Any]) -> None:
+        if synchronized:  # gradients already averaged: Horovod must not reduce them again
+            with self.optimizer.skip_synchronize():
+                step()
+        else:
+            step()
+
+    def discard_gradients(self) -> None:
+        # Horovod's restore (optimizer.load_state_dict) already dropped its pending handles; the
+        # .grad tensors and the micro-batch counters of an unfinished step are ours to reset.
+        for p in self.model.parameters():
+            p.grad = None
+        if self.runtime.distributed:
+            self.optimizer.set_backward_passes_per_step(self.optimizer.backward_passes_per_step)
+
+    def on_world_change(self) -> None:
+        pass  # sizes are read from the runtime at every step
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self._loss_acc)
@@ -134,36 +149,15 @@ class TorchBackend(HorovodCollectives, Backend):
 
     @torch.no_grad()
     def eval_batch(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        self.model.eval()
-        try:
-            out = self.model(torch.from_numpy(x)).float()
-        finally:
-            self.model.train()
-        return eval_sums(self.cfg.loss, out, torch.from_numpy(y))
+        return eval_sums(self.cfg.loss, torch.from_numpy(self.predict(x)), torch.from_numpy(y))
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
         self.model.eval()
         try:
-            return self.model(torch.from_numpy(x)).float().numpy()
+            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
         finally:
             self.model.train()
-
-    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
-        if self.info.size == 1:
-            return values
-        t = torch.from_numpy(np.ascontiguousarray(values, np.float64))
-        return self.hvd.allreduce(t, op=self.hvd.Sum, name="hvtrain.allreduce_sum").numpy()
-
-    def elastic_state(self, counters: dict[str, Any]) -> Any:
-        return self.hvd.elastic.TorchState(model=self.model, optimizer=self.optimizer, **counters)
-
-    def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        return self.hvd.elastic.run(fn)
-
-    def refresh(self) -> ProcessInfo:
-        self.info = self._read_info("gloo")  # elastic runs use the Gloo controller
-        return self.info
 
     # -- state and weights -------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:
@@ -172,33 +166,11 @@ class TorchBackend(HorovodCollectives, Backend):
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
         load_training_state(state, self.model, self.optimizer, self.scaler, rng)
 
-    # -- weights ---------------------------------------------------------------------------
+    def elastic_state(self, hvd: Any, counters: dict[str, Any]) -> Any:
+        return make_state(hvd, self.model, self.optimizer, counters)
+
     def get_weights(self) -> dict[str, np.ndarray]:
-        state = {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()
-                 if v.is_floating_point()}
-        if self.spec is None:
-            return state
-        grouped = []
-        for layer in self.spec.layers:
-            prefix = f"{layer.index}."
-            grouped.append(torch_to_neutral(layer, {k[len(prefix):]: v for k, v in state.items()
-                                                    if k.startswith(prefix)}))
-        return from_layers(self.spec, grouped)
+        return from_native(self.spec, self.model)
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        if self.spec is None:
-            state = {k: torch.from_numpy(np.array(v)) for k, v in weights.items()}
-            self.model.load_state_dict(state, strict=False)
-            return
-        check_weights(self.spec, weights, "weights")
-        native = {}
-        for layer, w in zip(self.spec.layers, per_layer(self.spec, weights), strict=True):
-            for k, v in neutral_to_torch(layer, w).items():
-                native[f"{layer.index}.{k}"] = torch.from_numpy(np.ascontiguousarray(v, np.float32))
-        missing, unexpected = self.model.load_state_dict(native, strict=False)
-        missing = [m for m in missing if not m.endswith("num_batches_tracked")]
-        if missing or unexpected:
-            raise AssertionError(f"weight conversion bug: missing {missing}, unexpected {unexpected}")
-
-
-# ----------------------------------------------------------------------------- helpers
+        to_native(self.spec, self.model, weights)

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hvtrain.spec import LayerSpec, ModelSpec
+from hvtrain.entrypoint import check_native_names
+from hvtrain.spec import LayerSpec, ModelSpec, check_weights, from_layers, per_layer
 
 _ACT = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "gelu": F.gelu,
         "softmax": lambda x: torch.softmax(x, dim=-1)}
@@ -61,7 +62,12 @@ class Pool2d(nn.Module):
 
 
 class BatchNorm(nn.Module):
-    """Keras momentum m (moving = m*moving + (1-m)*batch) is torch momentum 1-m."""
+    """Keras momentum m (moving = m*moving + (1-m)*batch) is torch momentum 1-m.
+
+    A training batch with one value per channel (one sample of a dense layer) has no batch
+    statistics: it is normalised with the moving statistics, which it leaves unchanged (torch
+    would raise, Keras would output beta); both backends do the same.
+    """
 
     def __init__(self, channels: int, image: bool, o: dict):
         super().__init__()
@@ -70,6 +76,10 @@ class BatchNorm(nn.Module):
         self.image = image
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.numel() == x.shape[-1]:
+            bn = self.bn
+            return F.batch_norm(x.reshape(1, -1), bn.running_mean, bn.running_var, bn.weight, bn.bias, False,
+                                0.0, bn.eps).reshape(x.shape)
         if self.image:
             return self.bn(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         return self.bn(x)
@@ -99,7 +109,7 @@ class Recurrent(nn.Module):
         return out if self.return_sequences else out[:, -1]
 
 
-def build_module(spec: ModelSpec) -> nn.Sequential:
+def build_model(spec: ModelSpec) -> nn.Sequential:
     return nn.Sequential(*[build_layer(layer) for layer in spec.layers])
 
 
@@ -139,7 +149,7 @@ def _gates(a: np.ndarray, order: tuple[int, ...], axis: int) -> np.ndarray:
     return np.concatenate([blocks[i] for i in order], axis=axis)
 
 
-def neutral_to_torch(layer: LayerSpec, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _to_torch(layer: LayerSpec, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One layer's neutral weights (keyed by param, e.g. 'kernel') -> its torch state_dict."""
     k = layer.type
     if k == "dense":
@@ -168,8 +178,8 @@ def neutral_to_torch(layer: LayerSpec, w: dict[str, np.ndarray]) -> dict[str, np
     return {}
 
 
-def torch_to_neutral(layer: LayerSpec, s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inverse of neutral_to_torch (the LSTM's two torch biases are summed)."""
+def _from_torch(layer: LayerSpec, s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inverse of _to_torch (the LSTM's two torch biases are summed)."""
     k = layer.type
     if k == "dense":
         out = {"kernel": s["linear.weight"].T}
@@ -195,3 +205,43 @@ def torch_to_neutral(layer: LayerSpec, s: dict[str, np.ndarray]) -> dict[str, np
                 "bias": np.stack([_gates(s["rnn.bias_ih_l0"], _GRU_TO_TORCH, 0),
                                   _gates(s["rnn.bias_hh_l0"], _GRU_TO_TORCH, 0)])}
     return {}
+
+
+def layer_to_native(layer: LayerSpec, native: nn.Module, w: dict[str, np.ndarray]) -> None:
+    """Load one layer's neutral weights (keyed by param name, e.g. 'kernel') into its module."""
+    state = {k: torch.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in _to_torch(layer, w).items()}
+    missing, unexpected = native.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith("num_batches_tracked")]
+    if missing or unexpected:
+        raise AssertionError(f"weight conversion bug in layer {layer.index}: missing {missing}, "
+                             f"unexpected {unexpected}")
+
+
+def layer_from_native(layer: LayerSpec, native: nn.Module) -> dict[str, np.ndarray]:
+    """One layer's neutral weights (keyed by param name) read from its module."""
+    state = {k: v.detach().cpu().numpy().copy() for k, v in native.state_dict().items() if v.is_floating_point()}
+    return {k: np.asarray(v, np.float32) for k, v in _from_torch(layer, state).items()}
+
+
+def to_native(spec: ModelSpec | None, model: nn.Module, weights: dict[str, np.ndarray]) -> None:
+    """Load neutral weights (native state_dict names for entrypoint models, spec None).
+
+    Raises:
+        DataError: names or shapes that do not match the model.
+    """
+    if spec is None:
+        current = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+        check_native_names(current, {k: tuple(v.shape) for k, v in current.items()}, weights)
+        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()}, strict=False)
+        return
+    check_weights(spec, weights, "weights")
+    for layer, module, w in zip(spec.layers, model, per_layer(spec, weights), strict=True):
+        layer_to_native(layer, module, w)
+
+
+def from_native(spec: ModelSpec | None, model: nn.Module) -> dict[str, np.ndarray]:
+    """All weights, neutral layout (native state_dict names for entrypoint models)."""
+    if spec is None:
+        return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items() if v.is_floating_point()}
+    return from_layers(spec, [layer_from_native(layer, module) for layer, module in zip(spec.layers, model,
+                                                                                          strict=True)])

@@ -2,41 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from hvtrain.config import Config
-from hvtrain.placement.plan import Stage
 from hvtrain.placement.stage import StageEngine
 from hvtrain.spec import ModelSpec, per_layer
 
-from .model import build_layer, neutral_to_torch, torch_to_neutral
+from .model import build_layer, layer_from_native, layer_to_native
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TorchStage(StageEngine):
-    def __init__(self, hvd, cfg: Config, spec: ModelSpec, stage: Stage, replicas: int,
-                 weights: dict[str, np.ndarray], process_set) -> None:
+    def __init__(self, hvd: Any, cfg: Config, spec: ModelSpec, layers: list[int], device: str, replicas: int,
+                 weights: dict[str, np.ndarray], process_set: Any) -> None:
         self.hvd, self.cfg, self.replicas, self.process_set = hvd, cfg, replicas, process_set
-        self.layers = [spec.layers[i] for i in stage.layers]
-        self.device = torch.device("cpu" if stage.device == "cpu" else f"cuda:{stage.device.split(':')[1]}")
+        self.layers = [spec.layers[i] for i in layers]
+        self.device = torch.device("cpu" if device == "cpu" else f"cuda:{device.split(':')[1]}")
         self.module = torch.nn.Sequential(*[build_layer(layer) for layer in self.layers])
         grouped = per_layer(spec, weights)
-        state = {}
-        for j, layer in enumerate(self.layers):
-            for k, v in neutral_to_torch(layer, grouped[layer.index]).items():
-                state[f"{j}.{k}"] = torch.from_numpy(np.ascontiguousarray(v, np.float32))
-        self.module.load_state_dict(state, strict=False)
+        for layer, native in zip(self.layers, self.module, strict=True):
+            layer_to_native(layer, native, grouped[layer.index])
         self.module.to(self.device).train()
         self.optimizer = make_optimizer(cfg, self.module)
         self.loss_fn = LOSSES[cfg.loss]
+        self.autocast = AUTOCAST.get(cfg.train.precision)
         self.graphs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.loss_acc = torch.zeros((), dtype=torch.float64)
         self.param_ptrs = {p.data_ptr() for p in self.module.parameters()}
         self.saved: dict[int, int] = {}  # micro-batch -> bytes saved for its backward
         self.peak_bytes = 0
 
-    def _run(self, key: int, x: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, key: int, x: np.ndarray, padding: bool) -> tuple[torch.Tensor, torch.Tensor]:
         inp = torch.from_numpy(x).to(self.device)
         if inp.is_floating_point() and self.layers[0].index > 0:
             inp.requires_grad_(True)
@@ -48,46 +49,69 @@ class TorchStage(StageEngine):
                 nbytes += t.numel() * t.element_size()
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = self.module(inp)
+        if padding:  # a zero-weight sample: no statistics updated
+            self.module.eval()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                    torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                out = self.module(inp)
+        finally:
+            self.module.train()
         self.saved[key] = nbytes
         self.peak_bytes = max(self.peak_bytes, sum(self.saved.values()))
         return inp, out
 
-    def forward(self, key: int, x: np.ndarray) -> np.ndarray:
-        inp, out = self._run(key, x)
+    def forward(self, key: int, x: np.ndarray, padding: bool = False) -> np.ndarray:
+        inp, out = self._run(key, x, padding)
         self.graphs[key] = (inp, out)
-        return out.detach().cpu().numpy()
+        return out.detach().float().cpu().numpy()
 
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> bool:
-        inp, out = self._run(key, x)
+    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray,
+                     scale: float = 1.0) -> float:
+        inp, out = self._run(key, x, not sample_weight.any())
         loss = (self.loss_fn(out.float(), torch.from_numpy(y).to(self.device)) *
-                torch.from_numpy(w).to(self.device)).sum()
-        self.loss_acc += loss.detach().cpu()
-        self.graphs[key] = (inp, loss * self.replicas)  # Horovod averages over the replicas
-        return bool(torch.isfinite(loss))
+                torch.from_numpy(sample_weight).to(self.device)).sum()
+        value = float(loss.detach())
+        if np.isfinite(value):
+            self.loss_acc += value
+        self.graphs[key] = (inp, loss * (self.replicas * scale))  # Horovod averages over the replicas
+        return value
 
     def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
         inp, out = self.graphs.pop(key)
         if grad is None:
             out.backward()
         else:
-            out.backward(torch.from_numpy(grad).to(self.device))
+            out.backward(torch.from_numpy(grad).to(self.device, out.dtype))
         self.saved.pop(key, None)
-        return inp.grad.cpu().numpy() if inp.requires_grad else None
+        return inp.grad.float().cpu().numpy() if inp.requires_grad else None
 
-    def step(self) -> None:
-        params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
+
+    def reduce_gradients(self, inv_scale: float = 1.0) -> bool:
+        params = self._params()
         if self.process_set is not None:
-            compression = self.hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else \
-                self.hvd.Compression.none
-            reduced = self.hvd.grouped_allreduce([p.grad for p in params], op=self.hvd.Average,
-                                                 compression=compression, process_set=self.process_set,
-                                                 name="hvtrain.stage_grads")
+            hvd = self.hvd
+            compression = hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else hvd.Compression.none
+            reduced = hvd.grouped_allreduce([p.grad for p in params], op=hvd.Average, compression=compression,
+                                            process_set=self.process_set, name="hvtrain.stage_grads")
             for p, g in zip(params, reduced, strict=True):
                 p.grad.copy_(g)
-        self.optimizer.step()
+        if inv_scale != 1.0:
+            for p in params:
+                p.grad.mul_(inv_scale)
+        return all(bool(torch.isfinite(p.grad).all()) for p in params)
+
+    def apply_update(self, update: bool = True) -> None:
+        if update:
+            self.optimizer.step()
         self.optimizer.zero_grad()
+
+    def discard_gradients(self) -> None:
+        self.graphs.clear()
+        self.saved.clear()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -111,14 +135,8 @@ class TorchStage(StageEngine):
         return value
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        state = {k: v.detach().cpu().numpy().copy() for k, v in self.module.state_dict().items()
-                 if v.is_floating_point()}
-        out = {}
-        for j, layer in enumerate(self.layers):
-            local = {k[len(f"{j}."):]: v for k, v in state.items() if k.startswith(f"{j}.")}
-            for param, v in torch_to_neutral(layer, local).items():
-                out[f"layers.{layer.index}.{param}"] = np.asarray(v, np.float32)
-        return out
+        return {f"layers.{layer.index}.{param}": v for layer, native in zip(self.layers, self.module, strict=True)
+                for param, v in layer_from_native(layer, native).items()}
 
     def get_state(self) -> dict[str, np.ndarray]:
         return training_state(self.module, self.optimizer)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -23,10 +22,13 @@ class _Group(click.Group):
 
 
 def _report_error(message: str) -> None:
-    # Under a launcher every rank fails the same way on bad input: say it once.
-    rank = os.environ.get("HOROVOD_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
-    if rank in (None, "0"):
-        click.echo(f"hvtrain: error: {message}", err=True)
+    # Under a launcher every rank speaks for itself: the rank whose input is bad (a file missing
+    # on its node) says so, and exits non-zero, which ends the job.
+    from hvtrain.dist import launch_rank
+
+    where = launch_rank()
+    prefix = f"rank {where[0]} of {where[1]}: " if where and where[1] > 1 else ""
+    click.echo(f"hvtrain: error: {prefix}{message}", err=True)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import click
 
+from hvtrain.backend import BACKENDS
+
 
 @click.command()
-@click.option("--backend", type=click.Choice(["torch", "tensorflow"]), default="torch", show_default=True,
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
               help="The backend that must be able to run (exit 1 if not).")
 def doctor(backend: str) -> None:
     """Print the environment hvtrain runs in; fail when BACKEND cannot run."""

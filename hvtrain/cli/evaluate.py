@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import click
 
+from hvtrain.backend import BACKENDS
+
 
 @click.command()
 @click.argument("config")
 @click.option("--weights", required=True, help="A final.safetensors from any backend (neutral layout).")
-@click.option("--backend", type=click.Choice(["torch", "tensorflow"]), help="Overrides the config's backend.")
+@click.option("--backend", type=click.Choice(list(BACKENDS)), help="Overrides the config's backend.")
 @click.option("--output-dir", help="Where eval.json goes (default: the config's output_dir).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a config value.")
 def evaluate(config: str, weights: str, backend: str | None, output_dir: str | None,

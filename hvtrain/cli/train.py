@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import click
 
+from hvtrain.backend import BACKENDS
+
 
 @click.command()
 @click.argument("config")
-@click.option("--backend", type=click.Choice(["torch", "tensorflow"]), help="Overrides the config's backend.")
+@click.option("--backend", type=click.Choice(list(BACKENDS)), help="Overrides the config's backend.")
 @click.option("--output-dir", help="Overrides the config's output_dir.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a config value (repeatable), e.g. --set train.epochs=5.")

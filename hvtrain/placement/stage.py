@@ -1,6 +1,7 @@
 """What a backend provides for one pipeline stage. The neutral runner (placement/runner.py)
-drives it: it owns the schedule and the MPI point-to-point exchange of numpy activations
-and gradients; the stage owns the math and the autograd graphs of live micro-batches."""
+drives it: it owns the schedule, the MPI point-to-point exchange of numpy activations and
+gradients, loss scaling and the skip decision; the stage owns the math and the autograd graphs
+of live micro-batches."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import numpy as np
 
 class StageEngine(ABC):
     @abstractmethod
-    def forward(self, key: int, x: np.ndarray) -> np.ndarray:
-        """Training forward of micro-batch `key`; keep its graph until backward(key)."""
+    def forward(self, key: int, x: np.ndarray, padding: bool = False) -> np.ndarray:
+        """Training forward of micro-batch `key` (float32 out); keep its graph until backward(key).
+        `padding`: the micro-batch holds only zero-weight samples (no statistics updated)."""
 
     @abstractmethod
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> bool:
-        """Last stage: forward and the weighted loss sum(l_i * w_i); keep the graph. False if the
-        loss is not finite."""
+    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray,
+                     scale: float = 1.0) -> float:
+        """Last stage: forward and the weighted loss sum(l_i * w_i), returned unscaled; keep the
+        graph of the loss times `scale` (fp16 loss scaling)."""
 
     @abstractmethod
     def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
@@ -25,15 +28,24 @@ class StageEngine(ABC):
         accumulate parameter gradients; return the gradient of the stage input (None on stage 0)."""
 
     @abstractmethod
-    def step(self) -> None:
-        """Average accumulated gradients over this stage's replicas (Horovod process set), update, zero."""
+    def reduce_gradients(self, inv_scale: float = 1.0) -> bool:
+        """Average accumulated gradients over this stage's replicas (Horovod process set), multiply
+        them by `inv_scale`; True if all are finite."""
+
+    @abstractmethod
+    def apply_update(self, update: bool = True) -> None:
+        """Optimizer step on the reduced gradients if `update`; then zero them."""
+
+    @abstractmethod
+    def discard_gradients(self) -> None:
+        """Forget live graphs and accumulated gradients."""
 
     @abstractmethod
     def set_lr(self, lr: float) -> None: ...
 
     @abstractmethod
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Forward without gradient (evaluation)."""
+        """Forward without gradient (evaluation), float32."""
 
     @abstractmethod
     def eval_sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:

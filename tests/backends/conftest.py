@@ -9,9 +9,10 @@ import pytest  # noqa: E402
 from mpi4py import MPI  # noqa: E402,F401
 
 from hvtrain.backend import BACKENDS, get_backend  # noqa: E402
+from hvtrain.runtime import Runtime  # noqa: E402
 from hvtrain.session import prepare  # noqa: E402
 
-_instances = {}
+_runtimes: dict[str, Runtime] = {}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -19,11 +20,24 @@ def backend_name(request):
     return request.param
 
 
-def make_backend(name: str, config: str, *overrides: str):
-    """A fresh backend built for `config` (Horovod initialised once per backend, size 1)."""
+def runtime_for(name: str, cfg) -> Runtime:
+    """Horovod initialised once per backend (size 1)."""
+    if name not in _runtimes:
+        b = get_backend(name)
+        rt = Runtime(b.horovod_module, b.as_tensor, b.collective_errors)
+        rt.init(cfg.horovod, elastic=False)
+        _runtimes[name] = rt
+    return _runtimes[name]
+
+
+def make_backend(name: str, config: str, *overrides: str, weights=None):
+    """A fresh backend built for `config` (size 1)."""
     p = prepare(config, backend=name, overrides=overrides)
-    engine = get_backend(name)
-    info = engine.init(p.cfg)
-    assert info.size == 1
-    engine.build(p.cfg, p.spec, p.spec.init_weights(p.cfg.seed) if p.spec else None, p.data.num_outputs)
-    return engine, p
+    backend = get_backend(name)
+    rt = runtime_for(name, p.cfg)
+    assert rt.info.size == 1
+    backend.configure(p.cfg, rt.info, None)
+    if weights is None and p.spec is not None:
+        weights = p.spec.init_weights(p.cfg.seed)
+    backend.build(p.cfg, p.spec, weights, p.data.num_outputs, rt)
+    return backend, p

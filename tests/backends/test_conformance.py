@@ -49,7 +49,7 @@ def test_training_step_moves_weights_and_accumulates_loss(backend_name):
     assert max(np.abs(after[k] - before[k]).max() for k in before) > 0
 
 
-def test_eval_sums_and_allreduce_identity(backend_name):
+def test_eval_sums_match_predictions(backend_name):
     engine, p = make_backend(backend_name, CNN)
     x, y = p.data.x_val[:50], p.data.y_val[:50]
     sums = engine.eval_batch(x, y)
@@ -57,7 +57,6 @@ def test_eval_sums_and_allreduce_identity(backend_name):
     logits = engine.predict(x)
     assert logits.shape == (50, 10)
     assert sums[1] == np.sum(logits.argmax(1) == y)
-    np.testing.assert_array_equal(engine.allreduce_sum(np.array([1.5, 2.0])), [1.5, 2.0])
 
 
 def test_entrypoint_must_return_the_framework_model(backend_name):

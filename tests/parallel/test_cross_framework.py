@@ -34,15 +34,15 @@ def test_predictions_agree_across_frameworks(tmp_path):
 import numpy as np, sys
 from mpi4py import MPI
 from hvtrain.session import prepare
-from hvtrain.backend import get_backend
+from hvtrain.session import Session
 from safetensors.numpy import load_file
 w = load_file({str(tmp_path / 'final.safetensors')!r})
 preds = []
 for name in ("torch", "tensorflow"):
     p = prepare("examples/digits_mlp.yaml", backend=name)
-    b = get_backend(name); b.init(p.cfg); b.build(p.cfg, p.spec, w, p.data.num_outputs)
-    x = np.concatenate([p.data.x_train, p.data.x_val])
-    preds.append(b.predict(x))
+    with Session(p.cfg, p.spec) as s:
+        s.backend.build(p.cfg, p.spec, w, p.data.num_outputs, s.runtime)
+        preds.append(s.backend.predict(np.concatenate([p.data.x_train, p.data.x_val])))
 np.save({str(tmp_path / 'preds.npy')!r}, np.stack(preds))
 """
     run(["python", "-c", code])

@@ -99,6 +99,25 @@ def test_worker_killed_then_slot_added_back(tmp_path, backend):
     assert sizes.count(1) >= 1 and sizes[-1] == 2  # shrank to the survivor, grew back
     summary = json.loads((out / "summary.json").read_text())
     assert summary["elastic"] and summary["val_accuracy"] >= 0.85, summary
+    # The rejoined worker took rank 0's weights at the join: had it kept its own, the replicas would
+    # still differ at the end (both apply the same averaged updates) and the run would have failed.
+    assert summary["replicas_agree"] is True and summary["world_size"] == 2
+
+
+def test_elastic_launch_without_the_flag_still_starts_every_rank_equal(tmp_path):
+    """Defect: under an elastic launch without --elastic, the initial broadcast was skipped, so
+    native entrypoint models (initialised per rank) trained as different replicas."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    out = tmp_path / "run"
+    argv = [tool("horovodrun"), "-np", "2", "--min-np", "2", "--max-np", "2", "--network-interface", "lo",
+            "--host-discovery-script", str(script),
+            *hvtrain("train", "tests/configs/entrypoint.yaml", "--set", "train.epochs=1", "--quiet",
+                     "--output-dir", str(out))]
+    run(argv, timeout=240)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["replicas_agree"] is True, summary
 
 
 def test_elastic_flag_needs_an_elastic_launch(tmp_path):

@@ -1,6 +1,7 @@
 """Property-based: any input gives a valid result or a clean hvtrain error with a location."""
 
 import os
+import re
 import string
 from pathlib import Path
 
@@ -37,8 +38,15 @@ def test_hostfile_parser_total(tmp_path, text):
         assert str(exc).startswith(str(p))  # located: file or file:line
         return
     assert hosts and all(h.slots >= 1 and set(h.host) <= SAFE_HOST and h.host[0].isalnum() for h in hosts)
+    # The parsed hosts and slots are what reaches the launcher, as one argv element that cannot be
+    # read as an option, and that parses back to the same records.
+    listing = ",".join(f"{h.host}:{h.slots}" for h in hosts)
     argv, _ = build_mpirun(LaunchRequest(1, ("cmd",), hosts), "openmpi", {})
-    assert all(not a.startswith("-") or a in {"-np", "-H", "--bind-to", "--map-by"} for a in argv[1:6:2])
+    assert argv[1:] == ["-np", "1", "-H", listing, "--bind-to", "none", "--map-by", "slot", "cmd"]
+    assert not argv[4].startswith("-")
+    assert [(h.host, h.slots) for h in parse_hosts(argv[4])] == [(h.host, h.slots) for h in hosts]
+    argv, _ = build_mpirun(LaunchRequest(1, ("cmd",), hosts), "mpich", {})
+    assert argv[1:] == ["-n", "1", "-hosts", listing, "cmd"]
 
 
 @SETTINGS
@@ -88,22 +96,32 @@ def test_override_parser_total(text):
     assert parts and all(isinstance(p, int) or p for p in parts)
 
 
+override_text = st.one_of(st.text(max_size=30), st.sampled_from([
+    "train.epochs=0", "train.epochs=1e3", "model.layers=[]", "model.layers.0.units=x", "model.layers.5.units=3",
+    "train={foo: 1}", "name=null", "data.validation_split=1e0", "model.entrypoint=a:b", "backend=jax",
+    "model.input_shape=[0]", "seed.x=1", "optimizer.lr=-1e-3", "data=3", "loss=mse", "a.b.c=1", "model.layers.x=1",
+]))
+
+
 @SETTINGS
-@given(st.lists(st.text(max_size=30), max_size=4))
+@given(st.lists(override_text, max_size=4))
 def test_overrides_applied_to_a_config_total(tmp_path, overrides):
     p = tmp_path / "c.yaml"
     p.write_text("name: x\ndata: {dataset: sklearn:digits}\nmodel: {input_shape: [64], layers: [{type: dense, units: 10}]}\n")
     try:
         load_config(p, overrides)
-    except ConfigError:
-        pass
+    except ConfigError as exc:
+        # located: the --set item itself, a key set by --set, or a line of the file
+        message = str(exc)
+        assert (any(message.startswith(f"--set {o!r}: ") for o in overrides)
+                or re.match(rf"{re.escape(str(p))}(:\d+| \(--set [\w.\[\]-]+\)): ", message)), message
 
 
 @SETTINGS
 @given(st.integers(min_value=0), st.integers(min_value=0, max_value=255))
 def test_any_single_byte_flip_or_truncation_is_caught(tmp_path, position, bit):
     state = {"model.w": np.arange(12, dtype=np.float32).reshape(3, 4), "optim.meta": np.arange(5, dtype=np.uint8)}
-    path = checkpoint.save(tmp_path, state, {"step": 1, "epoch": 0}, keep=1)
+    path = checkpoint.save(tmp_path, state, {"step": 1, "epoch": 0, "run_id": "0123abcd"}, keep=1)
     blob = bytearray(path.read_bytes())
     if bit == 0:
         blob = blob[: position % len(blob)]
@@ -119,7 +137,7 @@ def test_any_single_byte_flip_or_truncation_is_caught(tmp_path, position, bit):
 
 
 def test_a_failed_write_never_replaces_the_previous_checkpoint(tmp_path, monkeypatch):
-    good = checkpoint.save(tmp_path, {"w": np.ones(3, np.float32)}, {"step": 5, "epoch": 1}, keep=3)
+    good = checkpoint.save(tmp_path, {"w": np.ones(3, np.float32)}, {"step": 5, "epoch": 1, "run_id": "0123abcd"}, keep=3)
     before = good.read_bytes()
 
     def crash(*args, **kwargs):
@@ -127,8 +145,8 @@ def test_a_failed_write_never_replaces_the_previous_checkpoint(tmp_path, monkeyp
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError):
-        checkpoint.save(tmp_path, {"w": np.zeros(3, np.float32)}, {"step": 5, "epoch": 1}, keep=3)
+        checkpoint.save(tmp_path, {"w": np.zeros(3, np.float32)}, {"step": 5, "epoch": 1, "run_id": "0123abcd"}, keep=3)
     assert good.read_bytes() == before
     assert [p.name for p in Path(tmp_path).iterdir()] == [good.name]  # no temp file left behind
     with pytest.raises(HvtrainError, match="refusing to checkpoint non-finite values in 'w' at step 6"):
-        checkpoint.save(tmp_path, {"w": np.array([np.nan], np.float32)}, {"step": 6, "epoch": 1}, keep=3)
+        checkpoint.save(tmp_path, {"w": np.array([np.nan], np.float32)}, {"step": 6, "epoch": 1, "run_id": "0123abcd"}, keep=3)

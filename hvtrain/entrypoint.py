@@ -1,0 +1,45 @@
+"""User code: the one configured `package.module:function` hvtrain imports, and its weights."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+
+from hvtrain.config import Config
+from hvtrain.errors import DataError
+
+
+def load_entrypoint(cfg: Config, expected: type, what: str) -> Any:
+    """Call the configured `package.module:function` (the only user code hvtrain imports) and check
+    that it returned an `expected` model (`what` names it in the error)."""
+    module_name, _, func_name = cfg.model.entrypoint.partition(":")
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as exc:
+        raise cfg.fail("model.entrypoint", f"cannot import {cfg.model.entrypoint!r}: {exc}") from None
+    model = func(**cfg.model.kwargs)
+    if not isinstance(model, expected):
+        raise cfg.fail("model.entrypoint", f"expected the function to return a {what} for backend "
+                       f"{cfg.backend}, got {type(model).__name__}")
+    return model
+
+
+def check_native_names(current: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                       weights: dict[str, np.ndarray], source: str = "weights") -> None:
+    """Weights for an entrypoint model must name exactly its variables, with their shapes.
+
+    Raises:
+        DataError: naming the missing, unexpected or mis-shaped keys (the same message in every backend).
+    """
+    missing = sorted(set(current) - set(weights))
+    unexpected = sorted(set(weights) - set(current))
+    if missing or unexpected:
+        parts = ([f"missing {len(missing)} ({', '.join(missing[:5])})"] if missing else []) + \
+                ([f"unexpected {len(unexpected)} ({', '.join(unexpected[:5])})"] if unexpected else [])
+        raise DataError(f"{source}: weights do not match the entrypoint model: {'; '.join(parts)}")
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != tuple(shape):
+            raise DataError(f"{source}: weight {name!r} has shape {list(weights[name].shape)}, "
+                            f"the entrypoint model needs {list(shape)}")

@@ -1,0 +1,163 @@
+"""The Horovod runtime of one process: init, who it is, collectives, process sets, elastic, abort.
+
+One `Runtime` per run, created and owned by hvtrain.session; the training loop, the checkpoint
+manager and the pipeline runner talk to the other ranks only through it. Backends are framework
+math: they receive the runtime when they build (the gradient allreduce is part of their step).
+
+Horovod's tensor ops are bound to a framework (horovod.torch, horovod.tensorflow); the backend
+names its binding and how a numpy array becomes one of its tensors, everything else is neutral.
+Collective names are fixed strings: Horovod matches collectives across ranks by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hvtrain.dist import ProcessInfo, horovod_env, launched_with_gloo
+
+
+class Runtime:
+    """Horovod for one backend's framework binding.
+
+    Args:
+        horovod_module: e.g. "horovod.torch" (imported now).
+        as_tensor: numpy array -> a tensor that module's collectives accept.
+        collective_errors: framework exceptions that mean "a collective failed" (a peer died);
+            under elastic training they are handed to Horovod as HorovodInternalError.
+    """
+
+    def __init__(self, horovod_module: str, as_tensor: Callable[[np.ndarray], Any],
+                 collective_errors: tuple[type[BaseException], ...] = ()) -> None:
+        self.hvd = importlib.import_module(horovod_module)
+        self._as_tensor = as_tensor
+        self._collective_errors = collective_errors
+        self.info = ProcessInfo()
+        self.elastic = False
+        self.process_sets: list[Any] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def init(self, horovod_cfg: Any, *, elastic: bool, comm: Any = None,
+             groups: list[list[int]] | None = None) -> ProcessInfo:
+        """Horovod knobs (a HOROVOD_* variable set by the user wins), process sets, hvd.init.
+
+        Args:
+            horovod_cfg: the config's `horovod` section.
+            elastic: this run handles worker failures and joins (`--elastic`).
+            comm: an mpi4py communicator shared with Horovod (pipelines exchange activations on it).
+            groups: ranks of each Horovod process set (a pipeline stage's data-parallel replicas).
+        """
+        self.elastic = elastic
+        os.environ.update(horovod_env(horovod_cfg.cycle_time_ms, horovod_cfg.fusion_threshold_mb, elastic))
+        self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
+        self.hvd.init(comm=comm, process_sets=self.process_sets or None)
+        self.info = self._read_info("gloo" if elastic or (self.hvd.gloo_enabled() and launched_with_gloo()) else "mpi")
+        return self.info
+
+    def _read_info(self, controller: str) -> ProcessInfo:
+        size = self.hvd.size()
+        return ProcessInfo(self.hvd.rank(), size, self.hvd.local_rank(), self.hvd.local_size(),
+                           controller if size > 1 else "none")
+
+    def refresh(self) -> ProcessInfo:
+        """Rank and size again, after an elastic reset (elastic runs use the Gloo controller)."""
+        self.info = self._read_info("gloo")
+        return self.info
+
+    @property
+    def distributed(self) -> bool:
+        """Gradients go through Horovod: several ranks now, or an elastic world that may grow."""
+        return self.info.size > 1 or self.elastic
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+    def abort(self, code: int) -> None:
+        """End every rank now. MPI: MPI_Abort (the launcher kills the job). Gloo: exit this process
+        without running exit handlers (a Horovod shutdown would wait for the other ranks)."""
+        sys.stderr.flush()
+        sys.stdout.flush()
+        if self.info.controller == "mpi":
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(code)
+        os._exit(code)
+
+    # -- collectives ---------------------------------------------------------------------------
+    def allreduce_sum(self, values: np.ndarray, name: str = "hvtrain.allreduce_sum") -> np.ndarray:
+        """Sum a float64 vector over all ranks; every rank gets the result."""
+        values = np.ascontiguousarray(values, np.float64)
+        if self.info.size == 1:
+            return values
+        out = self.hvd.allreduce(self._as_tensor(values), op=self.hvd.Sum, name=name)
+        return np.asarray(out.numpy(), np.float64)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        if self.info.size == 1:
+            return obj
+        return self.hvd.broadcast_object(obj, root_rank=root, name="hvtrain.object")
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj] if self.info.size == 1 else self.hvd.allgather_object(obj, name="hvtrain.objects")
+
+    def gather_bytes(self, blob: bytes, root: int = 0) -> list[bytes] | None:
+        """Every rank's bytes on `root` (in rank order), None elsewhere: the other ranks receive nothing."""
+        size = self.info.size
+        if size == 1:
+            return [blob]
+        splits = np.zeros(size, np.int32)
+        splits[root] = len(blob)
+        got, received = self._alltoall(np.frombuffer(blob, np.uint8), splits, "hvtrain.gather_bytes")
+        if self.info.rank != root:
+            return None
+        bounds = np.concatenate([[0], np.cumsum(received)])
+        return [got[bounds[r]: bounds[r + 1]].tobytes() for r in range(size)]
+
+    def scatter_bytes(self, blobs: list[bytes] | None, root: int = 0) -> bytes:
+        """`blobs[r]` (given on `root`) to rank r: each rank receives only its own part."""
+        size = self.info.size
+        if size == 1:
+            return blobs[0]
+        splits = np.zeros(size, np.int32)
+        if self.info.rank == root:
+            splits[:] = [len(b) for b in blobs]
+            send = np.frombuffer(b"".join(blobs), np.uint8)
+        else:
+            send = np.zeros(0, np.uint8)
+        got, _ = self._alltoall(send, splits, "hvtrain.scatter_bytes")
+        return got.tobytes()
+
+    def _alltoall(self, data: np.ndarray, splits: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+        out = self.hvd.alltoall(self._as_tensor(data), splits=self._as_tensor(splits), name=name)
+        got, received = out if isinstance(out, (tuple, list)) else (out, None)
+        got = np.asarray(got.numpy(), np.uint8)
+        received = np.asarray(received.numpy(), np.int64) if received is not None else np.array([len(got)])
+        return got, received
+
+    def process_set(self, index: int) -> Any:
+        """The Horovod process set of group `index` (as passed to init)."""
+        return self.process_sets[index]
+
+    # -- elastic -------------------------------------------------------------------------------
+    def elastic_run(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`fn(state)` under hvd.elastic.run: re-run from the last commit after a reset.
+
+        Horovod's TF wrapper recognises a failed collective only by op names in the message (not
+        GroupedAllreduce, nor a bare gloo "connection closed") and otherwise returns None; the
+        backend's collective error types are translated into HorovodInternalError here."""
+        from horovod.common.exceptions import HorovodInternalError
+
+        errors = self._collective_errors
+
+        def guarded(state: Any) -> Any:
+            try:
+                return fn(state)
+            except errors as exc:
+                raise HorovodInternalError(exc) from exc
+
+        return self.hvd.elastic.run(guarded if errors else fn)

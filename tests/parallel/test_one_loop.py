@@ -1,0 +1,91 @@
+"""Pipelines get everything the data-parallel loop does, by the same code (issue 8): precision,
+per-rank RNG, step checkpoints with exact mid-epoch resume, on_nan, fp16 loss scaling."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hvtrain.checkpoint import list_checkpoints, load, step_of
+from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
+from tests.parallel.test_reliability import bitwise_equal, kill_after_checkpoint
+
+PIPE = "examples/digits_pipeline.yaml"
+DROPOUT = "tests/configs/dropout_pipeline.yaml"
+PLAIN = ["--set", "train.epochs=1", "--set", "optimizer.momentum=0", "--quiet"]
+
+
+def mpirun(np_: int, *args: str) -> list[str]:
+    return [tool("mpirun"), "-np", str(np_), "--oversubscribe", "--bind-to", "none", *hvtrain(*args)]
+
+
+def summary(d) -> dict:
+    return json.loads((d / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_bf16_pipeline_matches_unpipelined_bf16(tmp_path, backend):
+    """Defect: pipelines ignored train.precision silently (they trained in fp32)."""
+    b = ["--backend", backend, *PLAIN, "--set", "train.precision=bf16"]
+    run(hvtrain("train", PIPE, *b, "--set", "parallel.pipeline.stages=1", "--output-dir", str(tmp_path / "flat")))
+    run(mpirun(2, "train", PIPE, *b, "--output-dir", str(tmp_path / "pipe")), timeout=300)
+    run(hvtrain("train", PIPE, "--backend", backend, *PLAIN, "--set", "parallel.pipeline.stages=1",
+                "--output-dir", str(tmp_path / "fp32")))
+    flat, pipe = load_weights(tmp_path / "flat/final.safetensors"), load_weights(tmp_path / "pipe/final.safetensors")
+    fp32 = load_weights(tmp_path / "fp32/final.safetensors")
+    gap = max_abs_diff(pipe, flat)
+    assert gap <= 2e-3, f"{backend}: pipelined bf16 vs unpipelined bf16: {gap}"
+    assert max_abs_diff(pipe, fp32) > 10 * gap, "bf16 made no difference: precision was not applied"
+    assert summary(tmp_path / "pipe")["val_accuracy"] > 0.9
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_hybrid_dropout_masks_differ_per_rank_and_resume_mid_epoch_is_bitwise(tmp_path, backend):
+    """Defects: pipeline ranks never seeded the framework RNG (torch replicas shared dropout masks),
+    checkpointed only at epoch ends, and resumed only there."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["train", DROPOUT, "--backend", backend, "--quiet"]
+    run(mpirun(4, *common, "--output-dir", str(full)), timeout=400)
+    steps_per_epoch = -(-1438 // 32)  # 2 replicas x 16
+    kill_after_checkpoint(mpirun(4, *common, "--output-dir", str(part)), part, 3 * steps_per_epoch)
+    killed_at = step_of(list_checkpoints(part)[0])
+    ckpt = load(list_checkpoints(part)[0])
+    assert 0 < ckpt.meta["offset"] < 1438, "the checkpoint to resume from must fall mid-epoch"
+    rngs = [b"".join(v.tobytes() for k, v in sorted(ckpt.tensors.items()) if k.startswith(f"rng.rank{r}."))
+            for r in range(4)]
+    assert all(rngs) and len(set(rngs)) == 4, "every rank (each replica of each stage) has its own random stream"
+    proc = run(mpirun(4, *common, "--output-dir", str(part), "--resume", "auto"), timeout=400)
+    assert f"(epoch {ckpt.meta['epoch']}, step {killed_at})" in proc.stdout
+    bitwise_equal(full / "final.safetensors", part / "final.safetensors")
+    records = [json.loads(ln) for ln in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == list(range(1, 9))
+    s = summary(part)
+    assert s["replicas_agree"] and s["resumed_from"] and s["pipeline"]["replicas"] == 2
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_fp16_pipeline_with_loss_scaling_learns(tmp_path, backend):
+    run(mpirun(2, "train", PIPE, "--backend", backend, "--quiet", "--set", "train.epochs=4",
+               "--set", "train.precision=fp16", "--output-dir", str(tmp_path)), timeout=300)
+    s = summary(tmp_path)
+    assert s["val_accuracy"] > 0.9 and np.isfinite(s["train_loss"])
+
+
+def test_pipeline_on_nan_skip_skips_on_every_stage(tmp_path):
+    """Defect: pipelines could not `on_nan: skip`. One NaN sample: its step is skipped on every
+    rank (same decision everywhere), the rest trains, nothing non-finite is written."""
+    from tests.parallel.test_reliability import digits_csv_with_nan
+
+    csv = tmp_path / "digits.csv"
+    digits_csv_with_nan(csv)
+    args = ["train", PIPE, "--quiet", "--set", f"data.dataset=csv:{csv}", "--set", "data.normalize=none",
+            "--set", "optimizer.lr=0.01", "--set", "train.epochs=3", "--set", "model.layers.0.activation=tanh"]
+    stop = run(mpirun(2, *args, "--output-dir", str(tmp_path / "stop")), check=False, timeout=300)
+    assert stop.returncode != 0 and "hvtrain: error: rank 1 of 2: non-finite loss at epoch 1" in stop.stderr
+    run(mpirun(2, *args, "--set", "train.on_nan=skip", "--output-dir", str(tmp_path / "skip")), timeout=300)
+    weights = load_weights(tmp_path / "skip/final.safetensors")
+    assert all(np.isfinite(v).all() for v in weights.values())
+    s = summary(tmp_path / "skip")
+    assert s["replicas_agree"] and s["val_accuracy"] > 0.85

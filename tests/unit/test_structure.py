@@ -1,0 +1,53 @@
+"""The layering the architecture promises (docs/ARCHITECTURE.md), checked on the source."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imports(path: Path) -> list[tuple[str, list[str]]]:
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names)
+    return out
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_no_module_imports_a_private_name_of_another():
+    bad = [(p.relative_to(ROOT), mod, name) for folder in ("hvtrain", "backends") for p in modules(folder)
+           for mod, names in imports(p) for name in names
+           if name.startswith("_") and not name.startswith("__") and mod.startswith(("hvtrain", "."))]
+    assert not bad, bad
+
+
+def test_placement_does_not_reach_into_the_trainer_or_session():
+    bad = [(p.name, mod) for p in modules("hvtrain/placement") for mod, _ in imports(p)
+           if mod in ("hvtrain.trainer", "hvtrain.session")]
+    assert not bad, bad
+
+
+def test_backend_interface_imports_no_placement_and_no_framework():
+    mods = [mod for mod, _ in imports(ROOT / "hvtrain/backend.py")]
+    assert not [m for m in mods if m.startswith(("hvtrain.placement", "torch", "tensorflow", "keras", "horovod"))], mods
+
+
+def test_both_backends_have_the_same_files_and_public_functions():
+    files = {b: sorted(p.name for p in (ROOT / "backends" / b).glob("*.py")) for b in ("torch", "tensorflow")}
+    assert files["torch"] == files["tensorflow"], files
+
+    def public(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+
+    only_tf = {"is_rng"}  # Keras keeps RNG state in variables; torch's RNG is process-global
+    for name in files["torch"]:
+        a, b = public(ROOT / "backends/torch" / name), public(ROOT / "backends/tensorflow" / name) - only_tf
+        assert a == b, (name, sorted(a ^ b))
