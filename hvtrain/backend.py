@@ -118,6 +118,10 @@ class Backend(ABC):
         """All weights (trainable and state such as batchnorm statistics), neutral layout."""
 
     @abstractmethod
+    def trainable_names(self) -> set[str]:
+        """The keys of get_weights() that the optimizer updates (not e.g. batchnorm statistics)."""
+
+    @abstractmethod
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Load neutral-layout weights (native names for entrypoint models).
 

@@ -124,15 +124,31 @@ def load(path: str | Path) -> Checkpoint:
 
 
 def list_checkpoints(out_dir: str | Path, run_id: str | None = None) -> list[Path]:
-    """Checkpoint files (of one run, or of all), newest first: by step within a run, by
-    modification time across runs."""
+    """Checkpoint files (of one run, or of all), newest written first. Write order, not step: a
+    run resumed from an older checkpoint writes lower steps after higher ones, and its new files
+    are what `keep` must keep."""
     d = Path(out_dir)
     if not d.is_dir():
         return []
     found = [p for p in d.iterdir() if (m := _NAME.match(p.name)) and (run_id is None or m.group(1) == run_id)]
-    if run_id is not None:
-        return sorted(found, key=step_of, reverse=True)
-    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, step_of(p)), reverse=True)
+    return sorted(found, key=lambda p: (_written(p), step_of(p)), reverse=True)
+
+
+def _written(path: Path) -> float:
+    """When the checkpoint was written: `created` in its header (file times are too coarse to order
+    saves a few milliseconds apart); the file's mtime if the header cannot be read."""
+    try:
+        with path.open("rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if 0 < n < 1 << 24:
+                header = json.loads(fh.read(n))
+                return float(json.loads(header["__metadata__"]["meta"])["created"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def remove_orphans(out_dir: str | Path) -> list[Path]:
@@ -180,6 +196,8 @@ def find_resume(out_dir: str | Path, resume: str, config: dict[str, Any], report
                               f"{'; '.join(differ)}")
         return found
     mismatched: list[tuple[Path, list[str]]] = []
+    for legacy in sorted(Path(out_dir).glob("ckpt-s[0-9]*.safetensors")) if Path(out_dir).is_dir() else []:
+        report(f"skipping checkpoint {legacy.name}: written by an older hvtrain ({FORMAT} is needed)")
     for path in list_checkpoints(out_dir):
         try:
             found = load(path)
@@ -235,7 +253,7 @@ class CheckpointManager:
             for orphan in remove_orphans(reporter.out_dir):
                 reporter.notice(f"removed an unfinished checkpoint file: {orphan}")
 
-    def start(self, resume: str | None, shard: str) -> Resumed | None:
+    def start(self, resume: str | None, shard: str, replicas: int) -> Resumed | None:
         """Fix this run's id; with `resume`, find the checkpoint (rank 0) and hand each rank its share.
 
         Raises:
@@ -265,10 +283,11 @@ class CheckpointManager:
         blobs = [encode(self._share(found, shards[r], r, same_world)) for r in range(info.size)] \
             if info.is_main else None
         state = decode(rt.scatter_bytes(blobs))
+        b, before, now = self.cfg.data.batch_size, meta["replicas"], replicas
         changed = "" if same_world else (
-            f"; world size changed {meta['world_size']} -> {info.size}: global batch "
-            f"{self.cfg.data.batch_size * meta['world_size']} -> {self.cfg.data.batch_size * info.size}, per-rank "
-            "random streams reseeded" + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
+            f"; world size changed {meta['world_size']} -> {info.size}" + (
+                f": global batch {b * before} -> {b * now}" if before != now else "")
+            + ", per-rank random streams reseeded" + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
         self.reporter.notice(f"resumed from {header['path']} (epoch {meta['epoch']}, step {meta['step']}){changed}")
         return Resumed(header["path"], meta, state, same_world)
 
@@ -294,7 +313,8 @@ class CheckpointManager:
             out.update({"rng." + k[len(mine):]: v for k, v in found.tensors.items() if k.startswith(mine)})
         return out
 
-    def save(self, position: dict[str, Any], shard: str, owns_shard: bool, state: dict[str, np.ndarray]) -> None:
+    def save(self, position: dict[str, Any], shard: str, owns_shard: bool, state: dict[str, np.ndarray],
+             replicas: int) -> None:
         """One checkpoint at `position` (epoch, step, offset, loss_sum, epoch_steps). Every rank calls it."""
         info = self.runtime.info
         share = {f"rng.rank{info.rank}.{k[4:]}": v for k, v in state.items() if k.startswith("rng.")}
@@ -306,7 +326,8 @@ class CheckpointManager:
         tensors: dict[str, np.ndarray] = {}
         for blob in blobs:
             tensors.update(decode(blob))
-        meta = {**position, "run_id": self.run_id, "world_size": info.size, "backend": self.cfg.backend,
+        meta = {**position, "run_id": self.run_id, "world_size": info.size, "replicas": replicas,
+                "backend": self.cfg.backend,
                 "layout": self.layout, "config": self.cfg.to_dict(), "hvtrain_version": __version__}
         path = save(self.reporter.out_dir, tensors, meta, self.cfg.train.keep)
         self.reporter.print(f"checkpoint: {path} (epoch {position['epoch']}, step {position['step']})")

@@ -81,7 +81,7 @@ class Session:
     block, on any rank, is reported by that rank (`rank r of N: ...`) and ends the whole job.
     """
 
-    def __init__(self, cfg: Config, spec: ModelSpec | None, elastic: bool = False) -> None:
+    def __init__(self, cfg: Config, spec: ModelSpec | None, elastic: bool = False, pipelined: bool = True) -> None:
         from hvtrain.backend import get_backend
         from hvtrain.runtime import Runtime
 
@@ -90,7 +90,7 @@ class Session:
         self.runtime = Runtime(self.backend.horovod_module, self.backend.as_tensor, self.backend.collective_errors)
         self.comm = self.plan = None
         groups = None
-        if cfg.pipelined:
+        if pipelined and cfg.pipelined:
             from mpi4py import MPI
 
             self.comm = MPI.COMM_WORLD
@@ -106,12 +106,15 @@ class Session:
         with ending_cleanly(self.runtime):
             from hvtrain.dist import local_gpu
 
-            gpus = self.backend.local_gpus()
-            self.backend.configure(self.cfg, self.info, local_gpu(self.info.local_rank, self.info.local_size, gpus))
+            # Pipelines place stages on the plan's devices (parallel.pipeline.devices); otherwise
+            # each rank takes the GPU of its local rank, Horovod's convention.
+            gpu = None if self.plan is not None else local_gpu(self.info.local_rank, self.info.local_size,
+                                                                self.backend.local_gpus())
+            self.backend.configure(self.cfg, self.info, gpu)
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:
-        if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)) and self.info.size > 1:
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)) and self.runtime.info.size > 1:
             _end_job(self.runtime, exc)
         if exc is None:
             self.runtime.shutdown()
@@ -232,7 +235,7 @@ def evaluate(config_path: str, weights_path: str, backend: str | None = None, ou
     weights = load_weights(weights_path)
     if p.spec is not None:
         check_weights(p.spec, weights, weights_path)
-    with Session(p.cfg, p.spec) as s:
+    with Session(p.cfg, p.spec, pipelined=False) as s:  # saved weights evaluate whole, on any world size
         s.backend.build(p.cfg, p.spec, weights, p.data.num_outputs, s.runtime)
         total = s.runtime.allreduce_sum(DataParallelSteps(s.backend, s.runtime).eval_sums(p.data))
         metrics = metrics_from_sums(p.cfg, total)

@@ -62,6 +62,11 @@ class StepRunner(ABC):
         """The neutral weights this rank holds (all of them, or its stage's)."""
 
     @abstractmethod
+    def trainable_names(self) -> set[str]:
+        """Keys of weights() the optimizer updates: replicas must agree on them bitwise (batchnorm
+        statistics are per replica, as in every Horovod data-parallel run)."""
+
+    @abstractmethod
     def discard_gradients(self) -> None:
         """Drop gradients accumulated since the last update (elastic rollback)."""
 
@@ -112,6 +117,9 @@ class DataParallelSteps(StepRunner):
 
     def weights(self) -> dict[str, np.ndarray]:
         return self.backend.get_weights()
+
+    def trainable_names(self) -> set[str]:
+        return self.backend.trainable_names()
 
     def discard_gradients(self) -> None:
         self.backend.discard_gradients()

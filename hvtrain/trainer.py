@@ -91,8 +91,10 @@ def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, A
     t0 = time.perf_counter()
     # Elastic runs start without talking (a joining worker must meet only Horovod's state sync);
     # their run id travels in the elastic state instead. They never resume from files.
-    resumed = run.checkpoints.start(resume, run.steps.shard) if elastic is None else None
+    resumed = run.checkpoints.start(resume, run.steps.shard, run.steps.replicas) if elastic is None else None
     pos = Position()
+    if resume and resumed is None:
+        run.reporter.truncate_metrics(0)  # nothing to continue: a fresh history, not the old one's tail
     if resumed is not None:
         run.steps.set_state(resumed.state, rng=resumed.rng)
         m = resumed.meta
@@ -172,7 +174,8 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
 
 
 def _checkpoint(run: Run, pos: Position) -> None:
-    run.checkpoints.save(asdict(pos), run.steps.shard, run.steps.owns_shard, run.steps.get_state())
+    run.checkpoints.save(asdict(pos), run.steps.shard, run.steps.owns_shard, run.steps.get_state(),
+                         run.steps.replicas)
 
 
 def evaluate(run: Run, extra: list[float] | None = None) -> tuple[dict[str, float], list[float]]:
@@ -205,10 +208,12 @@ def record_epoch(run: Run, result: EpochResult, lr: float | None) -> None:
 
 def final_weights(run: Run) -> tuple[dict[str, np.ndarray], bool]:
     """The neutral weights of the whole model on rank 0 (each shard from its first rank), and whether
-    every replica of every shard holds bitwise the same weights (a silent divergence otherwise)."""
+    every replica of every shard holds bitwise the same trainable weights (a silent divergence
+    otherwise; batchnorm statistics are per replica and the file holds the first replica's)."""
     steps, rt = run.steps, run.runtime
     mine = steps.weights()
-    fingerprints = rt.allgather_object((steps.shard, digest(mine)))
+    trainable = steps.trainable_names()
+    fingerprints = rt.allgather_object((steps.shard, digest({k: v for k, v in mine.items() if k in trainable})))
     agree = all(len({d for s, d in fingerprints if s == shard}) == 1 for shard, _ in fingerprints)
     from hvtrain.checkpoint import decode
 

@@ -63,14 +63,22 @@ class TensorFlowBackend(Backend):
         hvd = runtime.hvd
         self.cfg, self.spec, self.runtime = cfg, spec, runtime
         policy = POLICY.get(cfg.train.precision)
-        self.model = load_entrypoint(cfg, keras.Model, "keras.Model") if spec is None else build_model(spec, policy)
+        if spec is None:  # the user's code builds the layers: under the run's dtype policy
+            previous = keras.mixed_precision.dtype_policy()
+            keras.mixed_precision.set_dtype_policy(policy or "float32")
+            try:
+                self.model = load_entrypoint(cfg, keras.Model, "keras.Model")
+            finally:
+                keras.mixed_precision.set_dtype_policy(previous)
+        else:
+            self.model = build_model(spec, policy)
         if weights is not None:
             self.set_weights(weights)
-        self.optimizer = make_optimizer(cfg)
+        self.optimizer = make_optimizer(cfg, self.model)
+        self.train_vars = self.model.trainable_variables
         if cfg.train.precision == "fp16":
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
-        self.train_vars = self.model.trainable_variables
-        self.optimizer.build(self.train_vars)
+            self.optimizer.build(self.train_vars)
         if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
             # RNG (seed generator) states stay per rank, everything else comes from rank 0
             hvd.broadcast_variables([v.value for v in self.model.variables if not is_rng(v)], root_rank=0)
@@ -195,14 +203,18 @@ class TensorFlowBackend(Backend):
         return training_state(self.model, self.optimizer)
 
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
-        load_training_state(state, self.model, self.optimizer, rng)
+        load_training_state(state, self.model, self.optimizer, rng=rng)
 
     def elastic_state(self, hvd: Any, counters: dict[str, Any]) -> Any:
-        return make_state(hvd, lambda: [v for v in self.model.variables if not is_rng(v)]
-                          + list(self.optimizer.variables), counters)
+        return make_state(hvd, self.model, self.optimizer, counters)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return from_native(self.spec, self.model)
+
+    def trainable_names(self) -> set[str]:
+        if self.spec is not None:
+            return {w.name for w in self.spec.weight_specs() if w.trainable}
+        return {v.path for v in self.model.trainable_variables}
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         to_native(self.spec, self.model, weights)

@@ -73,17 +73,21 @@ class RMSprop(keras.optimizers.RMSprop):
         self.assign_sub(variable, ops.multiply(lr, step))
 
 
-def make_optimizer(cfg: Config) -> keras.optimizers.Optimizer:
-    """Same semantics as the torch backend: weight_decay is L2 (added to the gradient) except
-    for adamw, where it is decoupled; Adam and RMSprop take eps as PyTorch does."""
+def make_optimizer(cfg: Config, model: keras.Model) -> keras.optimizers.Optimizer:
+    """The optimizer for `model`'s trainable variables (built). Same semantics as the torch backend:
+    weight_decay is L2 (added to the gradient) except for adamw, where it is decoupled; Adam and
+    RMSprop take eps as PyTorch does. fp16 wraps it in Keras's dynamic loss scaling."""
     o = cfg.optimizer
     if o.name == "sgd":
-        return keras.optimizers.SGD(o.lr, momentum=o.momentum, nesterov=o.nesterov)
-    if o.name == "adam":
-        return Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
-    if o.name == "adamw":
-        return AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
-    return RMSprop(o.lr, rho=o.rho, momentum=o.momentum, epsilon=o.eps)
+        opt = keras.optimizers.SGD(o.lr, momentum=o.momentum, nesterov=o.nesterov)
+    elif o.name == "adam":
+        opt = Adam(o.lr, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
+    elif o.name == "adamw":
+        opt = AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
+    else:
+        opt = RMSprop(o.lr, rho=o.rho, momentum=o.momentum, epsilon=o.eps)
+    opt.build(model.trainable_variables)
+    return opt
 
 
 def eval_sums(loss: str, out: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -105,15 +109,16 @@ def is_rng(variable) -> bool:
     return "seed_generator" in variable.path
 
 
-def training_state(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> dict[str, np.ndarray]:
-    """Every model variable (seed generators under rng.*) and optimizer variable, by position."""
+def training_state(model: keras.Model, optimizer: keras.optimizers.Optimizer, scaler=None) -> dict[str, np.ndarray]:
+    """Every model variable (seed generators under rng.*) and optimizer variable, by position.
+    `scaler` is always None here: Keras keeps the loss scale among the optimizer's variables."""
     state = {f"{'rng.' if is_rng(v) else ''}model.{i}": np.array(v.numpy()) for i, v in enumerate(model.variables)}
     state.update({f"optim.{i}": np.array(v.numpy()) for i, v in enumerate(optimizer.variables)})
     return state
 
 
 def load_training_state(state: dict[str, np.ndarray], model: keras.Model, optimizer: keras.optimizers.Optimizer,
-                        rng: bool = True) -> None:
+                        scaler=None, rng: bool = True) -> None:
     for i, v in enumerate(model.variables):
         if not is_rng(v):
             v.assign(state[f"model.{i}"])

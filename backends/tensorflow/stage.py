@@ -32,9 +32,8 @@ class TensorFlowStage(StageEngine):
             grouped = per_layer(spec, weights)
             for layer, native in zip(self.layers, self.model.layers, strict=True):
                 layer_to_native(layer, native, grouped[layer.index])
-            self.optimizer = make_optimizer(cfg)
+            self.optimizer = make_optimizer(cfg, self.model)
             self.vars = self.model.trainable_variables
-            self.optimizer.build(self.vars)
             self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.vars]
         self.loss_fn = LOSSES[cfg.loss]
         self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
@@ -129,7 +128,10 @@ class TensorFlowStage(StageEngine):
         return training_state(self.model, self.optimizer)
 
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
-        load_training_state(state, self.model, self.optimizer, rng)
+        load_training_state(state, self.model, self.optimizer, rng=rng)
 
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.vars))
+
+    def peak_activation_bytes(self) -> int | None:
+        return None  # TF's tapes do not expose the tensors they keep for backward

@@ -65,7 +65,9 @@ class TorchBackend(Backend):
                 self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
                 backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average)
         self.autocast = AUTOCAST.get(cfg.train.precision)
-        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.train.precision == "fp16" else None
+        # 2^15 to start, as Keras and the pipeline loss scale do
+        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=2.0 ** 15) \
+            if cfg.train.precision == "fp16" else None
         self.loss_fn = LOSSES[cfg.loss]
         self.skip_nan = cfg.train.on_nan == "skip"
         self.model.train()
@@ -149,7 +151,7 @@ class TorchBackend(Backend):
 
     @torch.no_grad()
     def eval_batch(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return eval_sums(self.cfg.loss, torch.from_numpy(self.predict(x)), torch.from_numpy(y))
+        return eval_sums(self.cfg.loss, self.predict(x), y)
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -167,10 +169,15 @@ class TorchBackend(Backend):
         load_training_state(state, self.model, self.optimizer, self.scaler, rng)
 
     def elastic_state(self, hvd: Any, counters: dict[str, Any]) -> Any:
-        return make_state(hvd, self.model, self.optimizer, counters)
+        return make_state(hvd, self.model, self.optimizer, counters, self.scaler)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return from_native(self.spec, self.model)
+
+    def trainable_names(self) -> set[str]:
+        if self.spec is not None:
+            return {w.name for w in self.spec.weight_specs() if w.trainable}
+        return {n for n, p in self.model.named_parameters() if p.requires_grad}
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         to_native(self.spec, self.model, weights)

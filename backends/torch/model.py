@@ -109,11 +109,13 @@ class Recurrent(nn.Module):
         return out if self.return_sequences else out[:, -1]
 
 
-def build_model(spec: ModelSpec) -> nn.Sequential:
-    return nn.Sequential(*[build_layer(layer) for layer in spec.layers])
+def build_model(spec: ModelSpec, dtype_policy: str | None = None) -> nn.Sequential:
+    """The spec's layers in float32. `dtype_policy` (bf16/fp16 compute) is not a property of torch
+    modules: the backend and stages autocast at run time, so it only keeps the signature alike."""
+    return nn.Sequential(*[build_layer(layer, dtype_policy) for layer in spec.layers])
 
 
-def build_layer(layer: LayerSpec) -> nn.Module:
+def build_layer(layer: LayerSpec, dtype_policy: str | None = None) -> nn.Module:
     o, shape = layer.options, layer.input_shape
     kind = layer.type
     if kind == "dense":

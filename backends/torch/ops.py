@@ -44,8 +44,9 @@ def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer
                                weight_decay=o.weight_decay)
 
 
-def eval_sums(loss: str, out: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+def eval_sums(loss: str, out: np.ndarray, y: np.ndarray) -> np.ndarray:
     """[loss, correct, squared error, absolute error] summed over a batch of outputs."""
+    out, y = torch.from_numpy(out), torch.from_numpy(y)
     total = LOSSES[loss](out, y).sum().item()
     correct = sq = ab = 0.0
     if loss == "cross_entropy":
@@ -73,6 +74,8 @@ def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sca
         meta["scaler"] = scaler.state_dict()
     state["optim.meta"] = encode_json(meta)
     state["rng.torch"] = torch.get_rng_state().numpy().copy()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["rng.torch_cuda"] = torch.cuda.get_rng_state().numpy().copy()
     return state
 
 
@@ -91,3 +94,5 @@ def load_training_state(state: dict[str, np.ndarray], model: torch.nn.Module, op
         scaler.load_state_dict(meta["scaler"])
     if rng:
         torch.set_rng_state(torch.from_numpy(np.array(state["rng.torch"])))
+        if "rng.torch_cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(torch.from_numpy(np.array(state["rng.torch_cuda"])))

@@ -126,7 +126,7 @@ class TorchStage(StageEngine):
             self.module.train()
 
     def eval_sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return eval_sums(self.cfg.loss, torch.from_numpy(self.predict(x)), torch.from_numpy(y))
+        return eval_sums(self.cfg.loss, self.predict(x), y)
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self.loss_acc)

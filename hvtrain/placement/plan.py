@@ -86,10 +86,6 @@ def make_plan(cfg: Config, spec: ModelSpec | None, world_size: int, local_device
         raise cfg.fail("parallel.pipeline.stages", f"expected >= 1, got {S}")
     if not 1 <= M <= 4096:
         raise cfg.fail("parallel.pipeline.micro_batches", f"expected 1..4096, got {M}")
-    if cfg.train.checkpoint_every and cfg.train.checkpoint_unit == "step":
-        raise cfg.fail("train.checkpoint_unit", "pipelined runs checkpoint at epoch ends; use checkpoint_unit: epoch")
-    if cfg.train.on_nan == "skip":
-        raise cfg.fail("train.on_nan", "skip is not supported with parallel.pipeline yet; use stop")
     if spec is None:
         raise cfg.fail("parallel.pipeline", "a native model.entrypoint cannot be split into stages; "
                        "use model.layers")

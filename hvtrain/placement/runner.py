@@ -59,6 +59,7 @@ class PipelineSteps(StepRunner):
     def __init__(self, cfg: Config, plan: PipelinePlan, spec: ModelSpec, engine: StageEngine, runtime: Runtime,
                  comm: Any) -> None:
         self.cfg, self.plan, self.engine, self.runtime, self.comm = cfg, plan, engine, runtime, comm
+        self.spec = spec
         rank = runtime.info.rank
         self.rank = rank
         self.s = plan.stage_of(rank)
@@ -150,6 +151,9 @@ class PipelineSteps(StepRunner):
 
     def weights(self) -> dict[str, np.ndarray]:
         return self.engine.get_weights()
+
+    def trainable_names(self) -> set[str]:
+        return {w.name for w in self.spec.weight_specs() if w.trainable}
 
     def discard_gradients(self) -> None:
         self.engine.discard_gradients()

@@ -179,3 +179,15 @@ train: {{epochs: 15}}
         first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
         assert s[metric] <= target * first[metric], (first, s)
         assert "val_accuracy" not in s and {"val_mse", "val_mae"} <= set(s)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batchnorm_model_on_two_ranks_agrees_on_trainable_weights(tmp_path, backend):
+    """Batchnorm statistics are per replica (each rank's own batches): the run must still finish,
+    with the trainable weights equal on both ranks and rank 0's statistics in the file."""
+    out = tmp_path / "run"
+    run(mpirun("train", "tests/configs/bn_mlp.yaml", "--backend", backend, "--quiet", "--set", "train.epochs=3",
+               "--output-dir", str(out)))
+    s = json.loads((out / "summary.json").read_text())
+    assert s["world_size"] == 2 and s["replicas_agree"] is True and s["val_accuracy"] > 0.9, s
+    assert "layers.1.moving_mean" in load_weights(out / "final.safetensors")

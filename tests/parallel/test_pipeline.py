@@ -59,6 +59,18 @@ def test_hybrid_two_by_two_equals_one_rank_double_batch(runs, hybrid):
     assert s["val_samples"] == 359
 
 
+def test_pipelined_weights_evaluate_on_one_process(runs, tmp_path):
+    """final.safetensors of a hybrid run is the whole model: `hvtrain evaluate` of the pipeline
+    config on one process (no plan needed) gives the run's own validation figures."""
+    backend, base = runs
+    run(hvtrain("evaluate", CFG, "--backend", backend, "--weights", str(base / "hybrid/final.safetensors"),
+                "--output-dir", str(tmp_path)))
+    got = json.loads((tmp_path / "eval.json").read_text())
+    s = summary(base / "hybrid")
+    assert got["world_size"] == 1 and got["val_samples"] == s["val_samples"] == 359
+    assert got["val_accuracy"] == s["val_accuracy"] and abs(got["val_loss"] - s["val_loss"]) < 1e-5
+
+
 def test_each_rank_holds_only_its_stage(runs):
     _, base = runs
     s = summary(base / "hybrid")

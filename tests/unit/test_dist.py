@@ -58,7 +58,8 @@ def test_a_variable_set_by_the_user_wins_over_the_config(monkeypatch):
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "1.5")
     env = horovod_env(5.0, 64.0)
     assert env == {"HOROVOD_FUSION_THRESHOLD": MB64}  # the config's cycle time is not offered at all
-    os.environ.update(env)  # what the runtime does before hvd.init()
+    for k, v in env.items():  # what the runtime does before hvd.init() (undone after the test)
+        monkeypatch.setenv(k, v)
     assert os.environ["HOROVOD_CYCLE_TIME"] == "1.5"
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")  # 0 = no fusion: a meaningful user value
     assert horovod_env(5.0, 64.0) == {}
