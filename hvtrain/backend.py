@@ -59,12 +59,13 @@ class Backend(ABC):
         broadcast the model and optimizer state from rank 0 so every rank starts equal."""
 
     @abstractmethod
-    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], device: str,
-                    weights: dict[str, np.ndarray], replicas: int, runtime: Runtime,
-                    process_set: Any) -> Any:
+    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
+                    outputs: tuple[int, ...], device: str, weights: dict[str, np.ndarray], replicas: int,
+                    runtime: Runtime, process_set: Any) -> Any:
         """One pipeline stage holding only `layers` and their optimizer state: an object
-        implementing hvtrain.placement.stage.StageEngine. `process_set` joins the stage's
-        `replicas` (None when there is one)."""
+        implementing hvtrain.placement.stage.StageEngine, fed the outputs of the producers
+        `sources` and returning those of `outputs`. `process_set` joins the stage's `replicas`
+        (None when there is one)."""
 
     @abstractmethod
     def set_lr(self, lr: float) -> None:

@@ -44,6 +44,7 @@ class DataConfig:
 class ModelConfig:
     input_shape: list[int] | None = None
     layers: list[dict] = field(default_factory=list)
+    output: str | None = None  # the name of the layer whose output is the model's (default: the last)
     entrypoint: str | None = None  # "package.module:function" returning a native model
     kwargs: dict = field(default_factory=dict)
 

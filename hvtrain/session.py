@@ -139,8 +139,8 @@ class Session:
 
             s = self.plan.stage_of(self.info.rank)
             stage = self.plan.stages[s]
-            engine = self.backend.build_stage(cfg, p.spec, list(stage.layers), stage.device, weights,
-                                              self.plan.replicas, rt,
+            engine = self.backend.build_stage(cfg, p.spec, list(stage.layers), stage.sources, stage.outputs,
+                                              stage.device, weights, self.plan.replicas, rt,
                                               rt.process_set(s) if self.plan.replicas > 1 else None)
             steps = PipelineSteps(cfg, self.plan, p.spec, engine, rt, self.comm)
             layout = stage_layout(self.plan)

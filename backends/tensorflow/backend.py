@@ -91,10 +91,10 @@ class TensorFlowBackend(Backend):
         self.compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
         self._compile()
 
-    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], device: str,
-                    weights: dict[str, np.ndarray], replicas: int, runtime: Runtime,
-                    process_set: Any) -> TensorFlowStage:
-        return TensorFlowStage(runtime.hvd, cfg, spec, layers, device, replicas, weights, process_set)
+    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
+                    outputs: tuple[int, ...], device: str, weights: dict[str, np.ndarray], replicas: int,
+                    runtime: Runtime, process_set: Any) -> TensorFlowStage:
+        return TensorFlowStage(runtime.hvd, cfg, spec, layers, sources, outputs, device, replicas, weights, process_set)
 
     # -- compiled steps ----------------------------------------------------------------------
     def _compile(self) -> None:

@@ -1,4 +1,4 @@
-"""Neutral spec -> keras.Sequential (Keras 3), and neutral <-> Keras weight conversion.
+"""Neutral spec graph -> a Keras 3 functional model, and neutral <-> Keras weight conversion.
 
 The neutral layout *is* Keras's (channels-last, kernels [in, out], LSTM i,f,c,o gates,
 GRU z,r,h with reset_after=True), so conversion is by order of `layer.weights`, with
@@ -9,60 +9,36 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from hvtrain.entrypoint import check_native_names
-from hvtrain.spec import LayerSpec, ModelSpec, check_weights, from_layers, per_layer
+from hvtrain.spec import INPUT, LayerSpec, ModelSpec, check_weights, from_layers, per_layer
+
+from .layers import build_layer
 
 
-class BatchNorm(keras.layers.BatchNormalization):
-    """A training batch with one value per channel (one sample of a dense layer) has no batch
-    statistics: it is normalised with the moving statistics, which it leaves unchanged (Keras
-    would output beta, torch would raise); both backends do the same."""
+def build_model(spec: ModelSpec, dtype_policy: str | None = None, sources: tuple[int, ...] = (INPUT,),
+                outputs: tuple[int, ...] = (), layers: list[LayerSpec] | None = None) -> keras.Model:
+    """A Keras functional model of the spec's graph (or of `layers`, a pipeline stage, fed the
+    producer tensors `sources` and returning `outputs`). Layer i is named `n<i>`."""
+    layers = spec.layers if layers is None else layers
+    values = {}
+    inputs = []
+    for j in sources:
+        shape = spec.input_shape if j == INPUT else spec.layers[j].output_shape
+        dtype = "int64" if j == INPUT and spec.integer_input else "float32"
+        values[j] = keras.Input(shape=shape, dtype=dtype)
+        inputs.append(values[j])
+    for layer in layers:
+        args = [values[j] for j in layer.inputs]
+        native = build_layer(layer, dtype_policy)
+        values[layer.index] = native(args) if layer.type in ("add", "multiply", "concatenate") else native(*args)
+    outs = [values[j] for j in (outputs or (spec.output_index if layers is spec.layers else layers[-1].index,))]
+    return keras.Model(inputs[0] if len(inputs) == 1 else inputs, outs[0] if len(outs) == 1 else outs)
 
-    def call(self, inputs, training=None, mask=None):
-        parent = super()
-        if not training:
-            return parent.call(inputs, training=False, mask=mask)
-        single = tf.equal(tf.size(inputs), tf.shape(inputs)[-1])
-        return tf.cond(single, lambda: parent.call(inputs, training=False, mask=mask),
-                       lambda: parent.call(inputs, training=True, mask=mask))
 
-
-def build_model(spec: ModelSpec, dtype_policy: str | None = None) -> keras.Sequential:
-    inputs = keras.Input(shape=spec.input_shape, dtype="int64" if spec.integer_input else "float32")
-    return keras.Sequential([inputs] + [build_layer(layer, dtype_policy) for layer in spec.layers])
-
-
-def build_layer(layer: LayerSpec, dtype_policy: str | None = None) -> keras.layers.Layer:
-    kw = {"dtype": dtype_policy} if dtype_policy else {}
-    o, kind = layer.options, layer.type
-    if kind == "dense":
-        return keras.layers.Dense(o["units"], activation=o["activation"], use_bias=o["use_bias"], **kw)
-    if kind == "conv2d":
-        return keras.layers.Conv2D(o["filters"], o["kernel_size"], strides=o["strides"], padding=o["padding"],
-                                   activation=o["activation"], use_bias=o["use_bias"], **kw)
-    if kind == "maxpool2d":
-        return keras.layers.MaxPooling2D(o["pool_size"], strides=o["strides"] or o["pool_size"], **kw)
-    if kind == "avgpool2d":
-        return keras.layers.AveragePooling2D(o["pool_size"], strides=o["strides"] or o["pool_size"], **kw)
-    if kind == "flatten":
-        return keras.layers.Flatten(**kw)
-    if kind == "reshape":
-        return keras.layers.Reshape(o["shape"], **kw)
-    if kind == "dropout":
-        return keras.layers.Dropout(o["rate"], **kw)
-    if kind == "batchnorm":
-        return BatchNorm(momentum=o["momentum"], epsilon=o["epsilon"], **kw)
-    if kind == "activation":
-        return keras.layers.Activation(o["activation"], **kw)
-    if kind == "embedding":
-        return keras.layers.Embedding(o["input_dim"], o["output_dim"], **kw)
-    if kind == "lstm":
-        return keras.layers.LSTM(o["units"], return_sequences=o["return_sequences"], **kw)
-    if kind == "gru":
-        return keras.layers.GRU(o["units"], return_sequences=o["return_sequences"], reset_after=True, **kw)
-    raise AssertionError(kind)
+def native_layers(model: keras.Model, layers: list[LayerSpec]) -> list[keras.layers.Layer]:
+    """The Keras layer of each spec layer, in spec order."""
+    return [model.get_layer(f"n{layer.index}") for layer in layers]
 
 
 def layer_to_native(layer: LayerSpec, native: keras.layers.Layer, w: dict[str, np.ndarray]) -> None:
@@ -96,7 +72,8 @@ def to_native(spec: ModelSpec | None, model: keras.Model, weights: dict[str, np.
             by_path[name].assign(value)
         return
     check_weights(spec, weights, "weights")
-    for layer, native, w in zip(spec.layers, model.layers, per_layer(spec, weights), strict=True):
+    for layer, native, w in zip(spec.layers, native_layers(model, spec.layers), per_layer(spec, weights),
+                                strict=True):
         layer_to_native(layer, native, w)
 
 
@@ -104,5 +81,5 @@ def from_native(spec: ModelSpec | None, model: keras.Model) -> dict[str, np.ndar
     """All weights, neutral layout (variable paths for entrypoint models)."""
     if spec is None:
         return {v.path: np.array(v.numpy()) for v in model.variables if "seed_generator" not in v.path}
-    return from_layers(spec, [layer_from_native(layer, native) for layer, native in zip(spec.layers, model.layers,
-                                                                                          strict=True)])
+    pairs = zip(spec.layers, native_layers(model, spec.layers), strict=True)
+    return from_layers(spec, [layer_from_native(layer, native) for layer, native in pairs])

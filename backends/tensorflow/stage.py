@@ -12,50 +12,54 @@ import tensorflow as tf
 
 from hvtrain.config import Config
 from hvtrain.placement.stage import StageEngine
-from hvtrain.spec import ModelSpec, per_layer
+from hvtrain.spec import INPUT, ModelSpec, per_layer
 
-from .model import build_model, layer_from_native, layer_to_native
+from .model import build_model, layer_from_native, layer_to_native, native_layers
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 
 POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 class TensorFlowStage(StageEngine):
-    def __init__(self, hvd: Any, cfg: Config, spec: ModelSpec, layers: list[int], device: str, replicas: int,
-                 weights: dict[str, np.ndarray], process_set: Any) -> None:
+    def __init__(self, hvd: Any, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
+                 outputs: tuple[int, ...], device: str, replicas: int, weights: dict[str, np.ndarray],
+                 process_set: Any) -> None:
         self.hvd, self.cfg, self.replicas, self.process_set = hvd, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = "/CPU:0" if device == "cpu" else f"/GPU:{device.split(':')[1]}"
-        sub = ModelSpec(input_shape=self.layers[0].input_shape, layers=self.layers)
         with tf.device(self.device):
-            self.model = build_model(sub, POLICY.get(cfg.train.precision))
+            self.model = build_model(spec, POLICY.get(cfg.train.precision), sources, outputs, self.layers)
+            self.natives = native_layers(self.model, self.layers)
             grouped = per_layer(spec, weights)
-            for layer, native in zip(self.layers, self.model.layers, strict=True):
+            for layer, native in zip(self.layers, self.natives, strict=True):
                 layer_to_native(layer, native, grouped[layer.index])
             self.optimizer = make_optimizer(cfg, self.model)
             self.vars = self.model.trainable_variables
             self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.vars]
         self.loss_fn = LOSSES[cfg.loss]
         self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
-        self.first = self.layers[0].index == 0
+        self.first = sources == (INPUT,) and self.layers[0].index == 0
         self.graphs: dict[int, tuple] = {}
         self.grads: list[tf.Tensor] | None = None
         self.loss_acc = 0.0
 
-    def _run(self, key: int, x: np.ndarray, padding: bool, finish=None):
-        inp = tf.constant(x)
+    def _run(self, key: int, xs: list[np.ndarray], padding: bool, finish=None) -> list[tf.Tensor]:
+        inps = [tf.constant(x) for x in xs]
         with tf.device(self.device), tf.GradientTape() as tape:
             if not self.first:
-                tape.watch(inp)
-            out = tf.cast(self.model(inp, training=not padding), tf.float32)
-            target = finish(out) if finish else out
-        self.graphs[key] = (tape, inp, target)
-        return out
+                for t in inps:
+                    if t.dtype.is_floating:
+                        tape.watch(t)
+            out = self.model(inps[0] if len(inps) == 1 else inps, training=not padding)
+            outs = [tf.cast(o, tf.float32) for o in (out if isinstance(out, (list, tuple)) else [out])]
+            targets = [finish(outs[0])] if finish else outs
+        self.graphs[key] = (tape, inps, targets)
+        return outs
 
-    def forward(self, key: int, x: np.ndarray, padding: bool = False) -> np.ndarray:
-        return self._run(key, x, padding).numpy()
+    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False) -> list[np.ndarray]:
+        return [o.numpy() for o in self._run(key, xs, padding)]
 
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray,
+    def forward_loss(self, key: int, xs: list[np.ndarray], y: np.ndarray, sample_weight: np.ndarray,
                      scale: float = 1.0) -> float:
         losses = []
 
@@ -64,20 +68,24 @@ class TensorFlowStage(StageEngine):
             losses.append(loss)
             return loss * (self.replicas * scale)  # Horovod averages over the replicas
 
-        self._run(key, x, not sample_weight.any(), finish)
+        self._run(key, xs, not sample_weight.any(), finish)
         value = float(losses[0])
         if np.isfinite(value):
             self.loss_acc += value
         return value
 
-    def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
-        tape, inp, target = self.graphs.pop(key)
-        sources = [v.value for v in self.vars] + ([] if self.first else [inp])
-        grads = tape.gradient(target, sources, output_gradients=None if grad is None else tf.constant(grad))
-        for acc, g in zip(self.accum, grads[: len(self.vars)], strict=True):
+    def backward(self, key: int, grads: list[np.ndarray] | None) -> list[np.ndarray] | None:
+        tape, inps, targets = self.graphs.pop(key)
+        sources = [v.value for v in self.vars] + ([] if self.first else inps)
+        out_grads = None if grads is None else [tf.constant(g) for g in grads]
+        got = tape.gradient(targets, sources, output_gradients=out_grads)
+        for acc, g in zip(self.accum, got[: len(self.vars)], strict=True):
             if g is not None:
                 acc.assign_add(tf.cast(g, tf.float32))
-        return None if self.first else grads[-1].numpy()
+        if self.first:
+            return None
+        return [np.zeros(t.shape, np.float32) if g is None else tf.cast(g, tf.float32).numpy()
+                for t, g in zip(inps, got[len(self.vars):], strict=True)]
 
     def reduce_gradients(self, inv_scale: float = 1.0) -> bool:
         grads = [tf.convert_to_tensor(a) for a in self.accum]
@@ -107,12 +115,14 @@ class TensorFlowStage(StageEngine):
     def set_lr(self, lr: float) -> None:
         self.optimizer.learning_rate.assign(lr)
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
+    def predict(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        inps = [tf.constant(x) for x in xs]
         with tf.device(self.device):
-            return tf.cast(self.model(tf.constant(x), training=False), tf.float32).numpy()
+            out = self.model(inps[0] if len(inps) == 1 else inps, training=False)
+        return [tf.cast(o, tf.float32).numpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
 
-    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return eval_sums(self.cfg.loss, self.predict(x), y)
+    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+        return eval_sums(self.cfg.loss, self.predict(xs)[0], y)
 
     def loss_sum(self, reset: bool = False) -> float:
         value = self.loss_acc
@@ -121,7 +131,7 @@ class TensorFlowStage(StageEngine):
         return value
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return {f"layers.{layer.index}.{param}": v for layer, native in zip(self.layers, self.model.layers, strict=True)
+        return {f"layers.{layer.index}.{param}": v for layer, native in zip(self.layers, self.natives, strict=True)
                 for param, v in layer_from_native(layer, native).items()}
 
     def get_state(self) -> dict[str, np.ndarray]:

@@ -72,9 +72,10 @@ class TorchBackend(Backend):
         self.skip_nan = cfg.train.on_nan == "skip"
         self.model.train()
 
-    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], device: str,
-                    weights: dict[str, np.ndarray], replicas: int, runtime: Runtime, process_set: Any) -> TorchStage:
-        return TorchStage(runtime.hvd, cfg, spec, layers, device, replicas, weights, process_set)
+    def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
+                    outputs: tuple[int, ...], device: str, weights: dict[str, np.ndarray], replicas: int,
+                    runtime: Runtime, process_set: Any) -> TorchStage:
+        return TorchStage(runtime.hvd, cfg, spec, layers, sources, outputs, device, replicas, weights, process_set)
 
     # -- steps -----------------------------------------------------------------------------
     def set_lr(self, lr: float) -> None:

@@ -1,4 +1,4 @@
-"""Neutral spec -> torch.nn.Module, and neutral <-> torch weight conversion.
+"""Neutral spec graph -> torch.nn.Module, and neutral <-> torch weight conversion.
 
 Activations stay channels-last between layers (the neutral layout); conv, pool and 2-D
 batchnorm permute to NCHW around the op (a permuted NHWC tensor is a channels_last NCHW
@@ -10,135 +10,57 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from hvtrain.entrypoint import check_native_names
-from hvtrain.spec import LayerSpec, ModelSpec, check_weights, from_layers, per_layer
+from hvtrain.spec import INPUT, LayerSpec, ModelSpec, check_weights, from_layers, per_layer
 
-_ACT = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "gelu": F.gelu,
-        "softmax": lambda x: torch.softmax(x, dim=-1)}
+from .layers import build_layer
 
 
-class Activation(nn.Module):
-    def __init__(self, name: str | None):
+class Graph(nn.Module):
+    """The spec's layers run in topological order, each on its inputs' outputs.
+
+    `sources` are the producer indices fed in as arguments (the model input, INPUT, for a whole
+    model; a pipeline stage's boundary tensors otherwise); `outputs` those returned (one tensor,
+    or a tuple for several)."""
+
+    def __init__(self, layers: list[LayerSpec], sources: tuple[int, ...] = (INPUT,), outputs: tuple[int, ...] = ()):
         super().__init__()
-        self.name = name
-        self.fn = _ACT[name] if name else None
+        self.specs = layers
+        self.layers = nn.ModuleList([build_layer(layer) for layer in layers])
+        self.sources = sources
+        self.outputs = outputs or (layers[-1].index,)
+        last_use: dict[int, int] = {}
+        for pos, layer in enumerate(layers):
+            for j in layer.inputs:
+                last_use[j] = pos
+        self.free_after = {pos: [j for j, p in last_use.items() if p == pos and j not in self.outputs]
+                           for pos in range(len(layers))}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x) if self.fn is not None else x
-
-
-class Dense(nn.Module):
-    def __init__(self, fan_in: int, units: int, use_bias: bool, activation: str | None):
-        super().__init__()
-        self.linear = nn.Linear(fan_in, units, bias=use_bias)
-        self.act = Activation(activation)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.linear(x))
-
-
-class Conv2d(nn.Module):
-    def __init__(self, cin: int, o: dict):
-        super().__init__()
-        padding = "same" if o["padding"] == "same" else 0
-        self.conv = nn.Conv2d(cin, o["filters"], o["kernel_size"], o["strides"], padding=padding,
-                              bias=o["use_bias"])
-        self.act = Activation(o["activation"])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        values = dict(zip(self.sources, xs, strict=True))
+        for pos, (layer, module) in enumerate(zip(self.specs, self.layers, strict=True)):
+            values[layer.index] = module(*[values[j] for j in layer.inputs])
+            for j in self.free_after[pos]:  # keep only what later layers still read
+                values.pop(j, None)
+        outs = tuple(values[j] for j in self.outputs)
+        return outs[0] if len(outs) == 1 else outs
 
 
-class Pool2d(nn.Module):
-    def __init__(self, kind: str, o: dict):
-        super().__init__()
-        cls = nn.MaxPool2d if kind == "maxpool2d" else nn.AvgPool2d
-        self.pool = cls(o["pool_size"], o["strides"] or o["pool_size"])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pool(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-
-
-class BatchNorm(nn.Module):
-    """Keras momentum m (moving = m*moving + (1-m)*batch) is torch momentum 1-m.
-
-    A training batch with one value per channel (one sample of a dense layer) has no batch
-    statistics: it is normalised with the moving statistics, which it leaves unchanged (torch
-    would raise, Keras would output beta); both backends do the same.
-    """
-
-    def __init__(self, channels: int, image: bool, o: dict):
-        super().__init__()
-        cls = nn.BatchNorm2d if image else nn.BatchNorm1d
-        self.bn = cls(channels, eps=o["epsilon"], momentum=1.0 - o["momentum"])
-        self.image = image
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and x.numel() == x.shape[-1]:
-            bn = self.bn
-            return F.batch_norm(x.reshape(1, -1), bn.running_mean, bn.running_var, bn.weight, bn.bias, False,
-                                0.0, bn.eps).reshape(x.shape)
-        if self.image:
-            return self.bn(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-        return self.bn(x)
-
-
-class Reshape(nn.Module):
-    def __init__(self, shape: tuple[int, ...]):
-        super().__init__()
-        self.shape = tuple(shape)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.reshape((x.shape[0],) + self.shape)
-
-
-class Recurrent(nn.Module):
-    def __init__(self, kind: str, fan_in: int, units: int, return_sequences: bool):
-        super().__init__()
-        cls = nn.LSTM if kind == "lstm" else nn.GRU
-        self.rnn = cls(fan_in, units, batch_first=True)
-        self.return_sequences = return_sequences
-        if kind == "lstm":
-            # The neutral LSTM has one bias (Keras); torch's second is held at zero.
-            self.rnn.bias_hh_l0.requires_grad_(False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.rnn(x)
-        return out if self.return_sequences else out[:, -1]
-
-
-def build_model(spec: ModelSpec, dtype_policy: str | None = None) -> nn.Sequential:
-    """The spec's layers in float32. `dtype_policy` (bf16/fp16 compute) is not a property of torch
+def build_model(spec: ModelSpec, dtype_policy: str | None = None, sources: tuple[int, ...] = (INPUT,),
+                outputs: tuple[int, ...] = (), layers: list[LayerSpec] | None = None) -> Graph:
+    """The spec's graph (or `layers`, a pipeline stage, fed the producer tensors `sources` and
+    returning `outputs`) in float32. `dtype_policy` (bf16/fp16 compute) is not a property of torch
     modules: the backend and stages autocast at run time, so it only keeps the signature alike."""
-    return nn.Sequential(*[build_layer(layer, dtype_policy) for layer in spec.layers])
+    if layers is None:
+        return Graph(spec.layers, sources, outputs or (spec.output_index,))
+    return Graph(layers, sources, outputs or (layers[-1].index,))
 
 
-def build_layer(layer: LayerSpec, dtype_policy: str | None = None) -> nn.Module:
-    o, shape = layer.options, layer.input_shape
-    kind = layer.type
-    if kind == "dense":
-        return Dense(shape[-1], o["units"], o["use_bias"], o["activation"])
-    if kind == "conv2d":
-        return Conv2d(shape[-1], o)
-    if kind in ("maxpool2d", "avgpool2d"):
-        return Pool2d(kind, o)
-    if kind == "flatten":
-        return nn.Flatten()
-    if kind == "reshape":
-        return Reshape(o["shape"])
-    if kind == "dropout":
-        return nn.Dropout(o["rate"])
-    if kind == "batchnorm":
-        return BatchNorm(shape[-1], len(shape) == 3, o)
-    if kind == "activation":
-        return Activation(o["activation"])
-    if kind == "embedding":
-        return nn.Embedding(o["input_dim"], o["output_dim"])
-    if kind in ("lstm", "gru"):
-        return Recurrent(kind, shape[-1], o["units"], o["return_sequences"])
-    raise AssertionError(kind)
+def native_layers(model: Graph, layers: list[LayerSpec]) -> list[nn.Module]:
+    """The module of each spec layer, in spec order."""
+    by_index = {spec.index: module for spec, module in zip(model.specs, model.layers, strict=True)}
+    return [by_index[layer.index] for layer in layers]
 
 
 # ----------------------------------------------------------------------------- weight layout
@@ -159,14 +81,19 @@ def _to_torch(layer: LayerSpec, w: dict[str, np.ndarray]) -> dict[str, np.ndarra
         if "bias" in w:
             out["linear.bias"] = w["bias"]
         return out
-    if k == "conv2d":
-        out = {"conv.weight": w["kernel"].transpose(3, 2, 0, 1)}
+    if k in ("conv2d", "conv1d"):  # neutral [*window, in, out] -> torch [out, in, *window]
+        r = w["kernel"].ndim
+        out = {"conv.weight": w["kernel"].transpose(r - 1, r - 2, *range(r - 2))}
         if "bias" in w:
             out["conv.bias"] = w["bias"]
         return out
     if k == "batchnorm":
         return {"bn.weight": w["gamma"], "bn.bias": w["beta"], "bn.running_mean": w["moving_mean"],
                 "bn.running_var": w["moving_variance"]}
+    if k == "layernorm":
+        return {"norm.weight": w["gamma"], "norm.bias": w["beta"]}
+    if k in ("positional_embedding", "multi_head_attention"):
+        return dict(w)  # stored in the neutral layout
     if k == "embedding":
         return {"weight": w["embeddings"]}
     if k == "lstm":
@@ -188,14 +115,19 @@ def _from_torch(layer: LayerSpec, s: dict[str, np.ndarray]) -> dict[str, np.ndar
         if "linear.bias" in s:
             out["bias"] = s["linear.bias"]
         return out
-    if k == "conv2d":
-        out = {"kernel": s["conv.weight"].transpose(2, 3, 1, 0)}
+    if k in ("conv2d", "conv1d"):
+        r = s["conv.weight"].ndim
+        out = {"kernel": s["conv.weight"].transpose(*range(2, r), 1, 0)}
         if "conv.bias" in s:
             out["bias"] = s["conv.bias"]
         return out
     if k == "batchnorm":
         return {"gamma": s["bn.weight"], "beta": s["bn.bias"], "moving_mean": s["bn.running_mean"],
                 "moving_variance": s["bn.running_var"]}
+    if k == "layernorm":
+        return {"gamma": s["norm.weight"], "beta": s["norm.bias"]}
+    if k in ("positional_embedding", "multi_head_attention"):
+        return dict(s)
     if k == "embedding":
         return {"embeddings": s["weight"]}
     if k == "lstm":
@@ -237,7 +169,8 @@ def to_native(spec: ModelSpec | None, model: nn.Module, weights: dict[str, np.nd
         model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()}, strict=False)
         return
     check_weights(spec, weights, "weights")
-    for layer, module, w in zip(spec.layers, model, per_layer(spec, weights), strict=True):
+    for layer, module, w in zip(spec.layers, native_layers(model, spec.layers), per_layer(spec, weights),
+                                strict=True):
         layer_to_native(layer, module, w)
 
 
@@ -245,5 +178,5 @@ def from_native(spec: ModelSpec | None, model: nn.Module) -> dict[str, np.ndarra
     """All weights, neutral layout (native state_dict names for entrypoint models)."""
     if spec is None:
         return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items() if v.is_floating_point()}
-    return from_layers(spec, [layer_from_native(layer, module) for layer, module in zip(spec.layers, model,
-                                                                                          strict=True)])
+    pairs = zip(spec.layers, native_layers(model, spec.layers), strict=True)
+    return from_layers(spec, [layer_from_native(layer, module) for layer, module in pairs])

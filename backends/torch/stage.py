@@ -9,23 +9,25 @@ import torch
 
 from hvtrain.config import Config
 from hvtrain.placement.stage import StageEngine
-from hvtrain.spec import ModelSpec, per_layer
+from hvtrain.spec import INPUT, ModelSpec, per_layer
 
-from .model import build_layer, layer_from_native, layer_to_native
+from .model import build_model, layer_from_native, layer_to_native
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TorchStage(StageEngine):
-    def __init__(self, hvd: Any, cfg: Config, spec: ModelSpec, layers: list[int], device: str, replicas: int,
-                 weights: dict[str, np.ndarray], process_set: Any) -> None:
+    def __init__(self, hvd: Any, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
+                 outputs: tuple[int, ...], device: str, replicas: int, weights: dict[str, np.ndarray],
+                 process_set: Any) -> None:
         self.hvd, self.cfg, self.replicas, self.process_set = hvd, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = torch.device("cpu" if device == "cpu" else f"cuda:{device.split(':')[1]}")
-        self.module = torch.nn.Sequential(*[build_layer(layer) for layer in self.layers])
+        self.module = build_model(spec, None, sources, outputs, self.layers)
+        self.first = sources == (INPUT,) and self.layers[0].index == 0
         grouped = per_layer(spec, weights)
-        for layer, native in zip(self.layers, self.module, strict=True):
+        for layer, native in zip(self.layers, self.module.layers, strict=True):
             layer_to_native(layer, native, grouped[layer.index])
         self.module.to(self.device).train()
         self.optimizer = make_optimizer(cfg, self.module)
@@ -37,10 +39,13 @@ class TorchStage(StageEngine):
         self.saved: dict[int, int] = {}  # micro-batch -> bytes saved for its backward
         self.peak_bytes = 0
 
-    def _run(self, key: int, x: np.ndarray, padding: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        inp = torch.from_numpy(x).to(self.device)
-        if inp.is_floating_point() and self.layers[0].index > 0:
-            inp.requires_grad_(True)
+    def _run(self, key: int, xs: list[np.ndarray], padding: bool
+             ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
+        inps = [torch.from_numpy(x).to(self.device) for x in xs]
+        if not self.first:
+            for t in inps:
+                if t.is_floating_point():
+                    t.requires_grad_(True)
         nbytes = 0
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -54,37 +59,43 @@ class TorchStage(StageEngine):
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                     torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                out = self.module(inp)
+                out = self.module(*inps)
         finally:
             self.module.train()
         self.saved[key] = nbytes
         self.peak_bytes = max(self.peak_bytes, sum(self.saved.values()))
-        return inp, out
+        return inps, out if isinstance(out, tuple) else (out,)
 
-    def forward(self, key: int, x: np.ndarray, padding: bool = False) -> np.ndarray:
-        inp, out = self._run(key, x, padding)
-        self.graphs[key] = (inp, out)
-        return out.detach().float().cpu().numpy()
+    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False) -> list[np.ndarray]:
+        inps, outs = self._run(key, xs, padding)
+        self.graphs[key] = (inps, outs)
+        return [o.detach().float().cpu().numpy() for o in outs]
 
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray,
+    def forward_loss(self, key: int, xs: list[np.ndarray], y: np.ndarray, sample_weight: np.ndarray,
                      scale: float = 1.0) -> float:
-        inp, out = self._run(key, x, not sample_weight.any())
+        inps, (out,) = self._run(key, xs, not sample_weight.any())
         loss = (self.loss_fn(out.float(), torch.from_numpy(y).to(self.device)) *
                 torch.from_numpy(sample_weight).to(self.device)).sum()
         value = float(loss.detach())
         if np.isfinite(value):
             self.loss_acc += value
-        self.graphs[key] = (inp, loss * (self.replicas * scale))  # Horovod averages over the replicas
+        self.graphs[key] = (inps, (loss * (self.replicas * scale),))  # Horovod averages over the replicas
         return value
 
-    def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
-        inp, out = self.graphs.pop(key)
-        if grad is None:
-            out.backward()
+    def backward(self, key: int, grads: list[np.ndarray] | None) -> list[np.ndarray] | None:
+        inps, outs = self.graphs.pop(key)
+        if grads is None:
+            outs[0].backward()
         else:
-            out.backward(torch.from_numpy(grad).to(self.device, out.dtype))
+            pairs = [(o, torch.from_numpy(g).to(self.device, o.dtype)) for o, g in zip(outs, grads, strict=True)
+                     if o.requires_grad]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         self.saved.pop(key, None)
-        return inp.grad.float().cpu().numpy() if inp.requires_grad else None
+        if self.first:
+            return None
+        return [t.grad.float().cpu().numpy() if t.grad is not None else np.zeros(t.shape, np.float32)
+                for t in inps]
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
@@ -118,15 +129,16 @@ class TorchStage(StageEngine):
             group["lr"] = lr
 
     @torch.no_grad()
-    def predict(self, x: np.ndarray) -> np.ndarray:
+    def predict(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         self.module.eval()
         try:
-            return self.module(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
+            out = self.module(*[torch.from_numpy(x).to(self.device) for x in xs])
         finally:
             self.module.train()
+        return [o.float().cpu().numpy() for o in (out if isinstance(out, tuple) else (out,))]
 
-    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return eval_sums(self.cfg.loss, self.predict(x), y)
+    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+        return eval_sums(self.cfg.loss, self.predict(xs)[0], y)
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self.loss_acc)
@@ -135,7 +147,8 @@ class TorchStage(StageEngine):
         return value
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return {f"layers.{layer.index}.{param}": v for layer, native in zip(self.layers, self.module, strict=True)
+        pairs = zip(self.layers, self.module.layers, strict=True)
+        return {f"layers.{layer.index}.{param}": v for layer, native in pairs
                 for param, v in layer_from_native(layer, native).items()}
 
     def get_state(self) -> dict[str, np.ndarray]:

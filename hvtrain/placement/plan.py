@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from hvtrain.config import Config
 from hvtrain.placement.schedule import bubble_fraction, peak_in_flight, stage_ops
-from hvtrain.spec import ModelSpec
+from hvtrain.spec import INPUT, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,20 @@ class Stage:
     first: int  # layer indices, inclusive
     last: int
     params: int
-    out_shape: tuple[int, ...]
     device: str
+    sources: tuple[int, ...]  # producers of the tensors it receives (INPUT = the model input)
+    outputs: tuple[int, ...]  # producers of the tensors it sends on (the last stage: the model output)
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shapes: tuple[tuple[int, ...], ...]
 
     @property
     def layers(self) -> range:
         return range(self.first, self.last + 1)
+
+    @property
+    def out_values(self) -> int:
+        """Values per sample the stage sends (all its outgoing tensors)."""
+        return sum(math.prod(s) for s in self.out_shapes)
 
 
 @dataclass(frozen=True)
@@ -100,8 +108,25 @@ def make_plan(cfg: Config, spec: ModelSpec | None, world_size: int, local_device
     for s, (first, last) in enumerate(bounds):
         device = _device(cfg, s, local_devices)
         params = sum(spec.layers[i].param_count for i in range(first, last + 1))
-        stages.append(Stage(s, first, last, params, spec.layers[last].output_shape, device))
+        sources = (INPUT,) if s == 0 else crossing(spec, first - 1)
+        outputs = (spec.output_index,) if s == S - 1 else crossing(spec, last)
+        if s > 0 and INPUT in sources and spec.integer_input:
+            raise cfg.fail("parallel.pipeline", f"stage {s} reads the model input (token ids), which stage "
+                           "boundaries carry as float32; place the layers that read `input` in stage 0")
+        stages.append(Stage(s, first, last, params, device, sources, outputs, tuple(_shape(spec, j) for j in sources),
+                            tuple(_shape(spec, j) for j in outputs)))
     return PipelinePlan(tuple(stages), world_size // S, M, pc.schedule)
+
+
+def crossing(spec: ModelSpec, cut: int) -> tuple[int, ...]:
+    """The tensors a stage boundary after layer `cut` carries: every output produced at or before
+    it (the model input included) that a later layer still reads, skip connections too."""
+    readers = spec.consumers()
+    return tuple(j for j in [INPUT, *range(cut + 1)] if any(r > cut for r in readers.get(j, ())))
+
+
+def _shape(spec: ModelSpec, j: int) -> tuple[int, ...]:
+    return spec.input_shape if j == INPUT else spec.layers[j].output_shape
 
 
 def _bounds(cfg: Config, spec: ModelSpec, S: int) -> list[tuple[int, int]]:
@@ -212,16 +237,28 @@ def describe(plan: PipelinePlan, spec: ModelSpec, batch_size: int, bytes_per_val
                      f"{layer.param_count:>10,}  {s.index:>5}  {ranks}")
     lines += ["", "stage  layers   device  params      act/sample(B)  peak micro  est. memory/rank"]
     for st in plan.stages:
-        act = math.prod(st.out_shape) * bytes_per_value
+        act = st.out_values * bytes_per_value
         inner = sum(math.prod(spec.layers[i].output_shape) for i in st.layers) * bytes_per_value
         peak = plan.peak_micro_batches(st.index)
         # weights + grads + up to 2 optimizer slots, and saved activations of the live micro-batches
         memory = st.params * bytes_per_value * 4 + inner * micro * peak
         lines.append(f"{st.index:>5}  {st.first:>2}..{st.last:<3}  {st.device:<6}  {st.params:>10,}  "
                      f"{act:>13,}  {peak:>10}  {_human(memory):>16}")
+    lines += ["", "stage boundaries (tensors sent forward, and their gradients back, per sample):"]
+    for st in plan.stages[:-1]:
+        sent = ", ".join(f"{_producer(spec, j)} {list(shape)} {_human(math.prod(shape) * bytes_per_value)}"
+                         for j, shape in zip(st.outputs, st.out_shapes, strict=True))
+        lines.append(f"  {st.index} -> {st.index + 1}: {sent}")
     lines += ["", "data-parallel (allreduce) groups: " +
               "; ".join(f"stage {s}: ranks {plan.dp_group(s)}" for s in range(S))]
     return "\n".join(lines)
+
+
+def _producer(spec: ModelSpec, j: int) -> str:
+    if j == INPUT:
+        return "input"
+    layer = spec.layers[j]
+    return f"layer {j} ({layer.name or layer.type})"
 
 
 def _human(n: float) -> str:

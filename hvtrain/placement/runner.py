@@ -4,7 +4,8 @@ Every rank of a pipeline computes the same batch plan from the seed (replica d t
 shard d of D), splits each rank-batch into micro-batches, and runs its stage's op list.
 Activations go forward and gradients backward as float32 numpy buffers: non-blocking
 sends (kept alive until the step ends), blocking receives into preallocated buffers, one
-tag per (micro-batch, direction), so no two stages can deadlock on each other.
+tag per (micro-batch, direction), so no two stages can deadlock on each other. A boundary may
+carry several tensors (a skip connection crossing the cut): they travel packed in one message.
 
 An update is decided for the whole pipeline at once: each stage reduces its gradients over its
 replicas, then one world allreduce of "not finite" flags says whether every stage steps or none
@@ -13,6 +14,7 @@ does (fp16 loss scaling backs off the same way on every rank; `train.on_nan: ski
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -69,8 +71,7 @@ class PipelineSteps(StepRunner):
         self.first, self.last = self.s == 0, self.s == plan.num_stages - 1
         self.prev = None if self.first else rank - 1
         self.next = None if self.last else rank + 1
-        self.in_shape = spec.layers[stage.first].input_shape
-        self.out_shape = stage.out_shape
+        self.in_shapes, self.out_shapes = stage.in_shapes, stage.out_shapes
         self.peak_in_flight = 0
         self.scaler = LossScale(cfg.train.precision == "fp16")
         # Every rank joins the flag allreduce when any rank may decide to skip.
@@ -81,10 +82,23 @@ class PipelineSteps(StepRunner):
         return (f"pipeline {p.num_stages} stages x {p.replicas} replica(s), {p.micro_batches} micro-batches "
                 f"({p.schedule})")
 
-    def _recv(self, source: int, shape: tuple[int, ...], tag: int) -> np.ndarray:
-        buf = np.empty(shape, np.float32)
+    def _recv(self, source: int, n: int, shapes: tuple[tuple[int, ...], ...], tag: int) -> list[np.ndarray]:
+        """One message per micro-batch and direction: every boundary tensor, packed per sample."""
+        buf = np.empty((n, sum(math.prod(s) for s in shapes)), np.float32)
         self.comm.Recv(buf, source=source, tag=tag)
-        return buf
+        out, at = [], 0
+        for shape in shapes:
+            size = math.prod(shape)
+            out.append(np.ascontiguousarray(buf[:, at: at + size]).reshape((n, *shape)))
+            at += size
+        return out
+
+    def _send(self, arrays: list[np.ndarray], dest: int, tag: int, sends: list | None = None) -> None:
+        buf = np.ascontiguousarray(np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1), np.float32)
+        if sends is None:
+            self.comm.Send(buf, dest=dest, tag=tag)
+        else:
+            sends.append((self.comm.Isend(buf, dest=dest, tag=tag), buf))  # kept alive until the step ends
 
     def set_lr(self, lr: float) -> None:
         self.engine.set_lr(lr)
@@ -98,21 +112,19 @@ class PipelineSteps(StepRunner):
         for kind, m in stage_ops(self.plan.schedule, self.plan.num_stages, self.s, len(chunks)):
             sel = chunks[m]
             if kind == "F":
-                x = data.x_train[idx[sel]] if self.first else self._recv(self.prev, (len(sel),) + self.in_shape, 2 * m)
+                xs = [data.x_train[idx[sel]]] if self.first else self._recv(self.prev, len(sel), self.in_shapes, 2 * m)
                 if self.last:
-                    loss = self.engine.forward_loss(m, x, data.y_train[idx[sel]], w[sel], self.scaler.scale)
+                    loss = self.engine.forward_loss(m, xs, data.y_train[idx[sel]], w[sel], self.scaler.scale)
                     finite = finite and bool(np.isfinite(loss))
                 else:
-                    out = np.ascontiguousarray(self.engine.forward(m, x, padding=not w[sel].any()), np.float32)
-                    sends.append((self.comm.Isend(out, dest=self.next, tag=2 * m), out))
+                    self._send(self.engine.forward(m, xs, padding=not w[sel].any()), self.next, 2 * m, sends)
                 live += 1
                 self.peak_in_flight = max(self.peak_in_flight, live)
             else:
-                grad = None if self.last else self._recv(self.next, (len(sel),) + self.out_shape, 2 * m + 1)
-                g_in = self.engine.backward(m, grad)
+                grads = None if self.last else self._recv(self.next, len(sel), self.out_shapes, 2 * m + 1)
+                g_in = self.engine.backward(m, grads)
                 if not self.first:
-                    g_in = np.ascontiguousarray(g_in, np.float32)
-                    sends.append((self.comm.Isend(g_in, dest=self.prev, tag=2 * m + 1), g_in))
+                    self._send(g_in, self.prev, 2 * m + 1, sends)
                 live -= 1
         MPI.Request.Waitall([req for req, _ in sends])
         if not finite and self.cfg.train.on_nan == "stop":
@@ -134,12 +146,11 @@ class PipelineSteps(StepRunner):
         sums = np.zeros(4, np.float64)
         for k, start in enumerate(range(0, len(idx), EVAL_BATCH)):
             chunk = idx[start: start + EVAL_BATCH]
-            x = data.x_val[chunk] if self.first else self._recv(self.prev, (len(chunk),) + self.in_shape, _EVAL_TAG + k)
+            xs = [data.x_val[chunk]] if self.first else self._recv(self.prev, len(chunk), self.in_shapes, _EVAL_TAG + k)
             if self.last:
-                sums += self.engine.eval_sums(x, data.y_val[chunk])
+                sums += self.engine.eval_sums(xs, data.y_val[chunk])
             else:
-                self.comm.Send(np.ascontiguousarray(self.engine.predict(x), np.float32), dest=self.next,
-                               tag=_EVAL_TAG + k)
+                self._send(self.engine.predict(xs), self.next, _EVAL_TAG + k)
         return np.concatenate([sums, [len(idx)]]) if self.last else np.zeros(5, np.float64)
 
     def get_state(self) -> dict[str, np.ndarray]:

@@ -12,20 +12,23 @@ import numpy as np
 
 class StageEngine(ABC):
     @abstractmethod
-    def forward(self, key: int, x: np.ndarray, padding: bool = False) -> np.ndarray:
-        """Training forward of micro-batch `key` (float32 out); keep its graph until backward(key).
-        `padding`: the micro-batch holds only zero-weight samples (no statistics updated)."""
+    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False) -> list[np.ndarray]:
+        """Training forward of micro-batch `key` from the stage's incoming tensors (Stage.sources
+        order) to its outgoing ones (Stage.outputs order, float32); keep the graph until
+        backward(key). `padding`: the micro-batch holds only zero-weight samples (no statistics
+        updated)."""
 
     @abstractmethod
-    def forward_loss(self, key: int, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray,
+    def forward_loss(self, key: int, xs: list[np.ndarray], y: np.ndarray, sample_weight: np.ndarray,
                      scale: float = 1.0) -> float:
         """Last stage: forward and the weighted loss sum(l_i * w_i), returned unscaled; keep the
         graph of the loss times `scale` (fp16 loss scaling)."""
 
     @abstractmethod
-    def backward(self, key: int, grad: np.ndarray | None) -> np.ndarray | None:
-        """Backward of micro-batch `key` (grad of the stage output, None on the last stage);
-        accumulate parameter gradients; return the gradient of the stage input (None on stage 0)."""
+    def backward(self, key: int, grads: list[np.ndarray] | None) -> list[np.ndarray] | None:
+        """Backward of micro-batch `key` (grads of the outgoing tensors, None on the last stage);
+        accumulate parameter gradients; return the gradients of the incoming tensors (None on
+        stage 0)."""
 
     @abstractmethod
     def reduce_gradients(self, inv_scale: float = 1.0) -> bool:
@@ -44,11 +47,11 @@ class StageEngine(ABC):
     def set_lr(self, lr: float) -> None: ...
 
     @abstractmethod
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Forward without gradient (evaluation), float32."""
+    def predict(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        """Forward without gradient (evaluation): the outgoing tensors, float32."""
 
     @abstractmethod
-    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray) -> np.ndarray:
         """Last stage: [loss, correct, squared error, absolute error] sums for this batch."""
 
     @abstractmethod

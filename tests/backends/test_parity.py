@@ -9,12 +9,17 @@ import pytest
 from hvtrain.data import epoch_permutation, shard_batches
 from tests.backends.conftest import make_backend
 
-MODELS = ["mlp", "cnn", "lstm", "gru"]
+MODELS = ["mlp", "cnn", "lstm", "gru", "catalogue_residual", "catalogue_sequence", "digits_resnet",
+          "digits_transformer"]
+CATALOGUE = ["catalogue_image", "catalogue_tokens", "catalogue_residual", "catalogue_sequence"]
 
 
-def both(model: str):
-    cfg = f"tests/configs/{model if model.startswith('catalogue') else 'parity_' + model}.yaml"
-    return make_backend("torch", cfg), make_backend("tensorflow", cfg)
+def both(model: str, *overrides: str):
+    if model.startswith("digits_"):
+        cfg = f"examples/{model}.yaml"
+    else:
+        cfg = f"tests/configs/{model if model.startswith('catalogue') else 'parity_' + model}.yaml"
+    return make_backend("torch", cfg, *overrides), make_backend("tensorflow", cfg, *overrides)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -32,7 +37,10 @@ def test_identical_initial_weights_and_forward(model):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_fifty_sgd_steps_same_loss_curve(model):
-    (pt, p), (tf, _) = both(model)
+    # the examples' own optimizers are adam/adamw; at lr 0.05 the resnet's five batchnorms amplify
+    # float rounding to 1e-3 by step 45, at 0.01 the curves stay within 1e-4 (measured)
+    plain_sgd = ("optimizer={name: sgd, lr: 0.01}",) if model.startswith("digits_") else ()
+    (pt, p), (tf, _) = both(model, *plain_sgd)
     order = epoch_permutation(len(p.data.x_train), p.cfg.seed, 0, True)
     batches = list(shard_batches(order, 32, 0, 1))
     curves = {"torch": [], "tensorflow": []}
@@ -62,7 +70,17 @@ def test_dense_layout_matches_numpy_reference():
         assert np.abs(engine.predict(p.data.x_val[:16]) - ref).max() <= 1e-5
 
 
-@pytest.mark.parametrize("config", ["catalogue_image", "catalogue_tokens"])
+def test_the_parity_configs_cover_the_whole_catalogue():
+    from hvtrain.config import load_config
+    from hvtrain.layers import LAYER_OPTIONS
+    from hvtrain.spec import build_spec
+
+    seen = {layer.type for name in CATALOGUE + ["parity_lstm", "parity_gru"]
+            for layer in build_spec(load_config(f"tests/configs/{name}.yaml")).layers}
+    assert seen == set(LAYER_OPTIONS), sorted(set(LAYER_OPTIONS) - seen)
+
+
+@pytest.mark.parametrize("config", CATALOGUE)
 def test_whole_catalogue_builds_agrees_and_trains(config):
     (pt, p), (tf, _) = both(config)
     x = p.data.x_val[:40]

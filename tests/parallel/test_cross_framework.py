@@ -9,14 +9,18 @@ from hvtrain.session import load_weights as load_neutral
 from tests.conftest import hvtrain, run
 
 
-@pytest.mark.parametrize("trained,evaluated", [("torch", "tensorflow"), ("tensorflow", "torch")])
-def test_trained_in_one_evaluated_in_the_other(tmp_path, trained, evaluated):
+@pytest.mark.parametrize("example,trained,evaluated", [
+    ("digits_cnn", "torch", "tensorflow"), ("digits_cnn", "tensorflow", "torch"),
+    ("digits_resnet", "torch", "tensorflow"), ("digits_transformer", "tensorflow", "torch"),
+])
+def test_trained_in_one_evaluated_in_the_other(tmp_path, example, trained, evaluated):
     train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
-    run(hvtrain("train", "examples/digits_cnn.yaml", "--backend", trained, "--output-dir", str(train_dir),
+    config = f"examples/{example}.yaml"
+    run(hvtrain("train", config, "--backend", trained, "--output-dir", str(train_dir),
                 "--quiet", "--set", "train.epochs=4"))
     summary = json.loads((train_dir / "summary.json").read_text())
     # evaluated on 2 ranks: metrics reduced across ranks must still equal the 1-rank training figures
-    run(hvtrain("launch", "-np", "2", "--", "evaluate", "examples/digits_cnn.yaml", "--weights",
+    run(hvtrain("launch", "-np", "2", "--", "evaluate", config, "--weights",
                 str(train_dir / "final.safetensors"), "--backend", evaluated, "--output-dir", str(eval_dir)))
     result = json.loads((eval_dir / "eval.json").read_text())
     assert result["backend"] == evaluated and result["world_size"] == 2
