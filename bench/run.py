@@ -4,6 +4,8 @@
 2. hvtrain vs a hand-written Horovod loop (bench/handwritten_torch.py), torch, 2 ranks,
    same model/batch/threads/Horovod settings, runs interleaved; median samples/s of the
    epochs after the first (warm-up).
+3. The transformer example (examples/digits_transformer.yaml) vs the same model written natively
+   in each framework (bench/native_transformer.py), 1 process, runs interleaved, same medians.
 
 Writes bench/results/latest.json and prints a summary. Usage: make bench  (or python bench/run.py)
 """
@@ -57,6 +59,18 @@ def handwritten_rate() -> float:
     return statistics.median(json.loads(line[line.index("{"):line.rindex("}") + 1])["samples_per_sec"][1:])
 
 
+def transformer_rates(framework: str, tmp: Path, epochs: int = 5) -> tuple[float, float]:
+    out = tmp / f"tr-{framework}"
+    subprocess.run([sys.executable, "-m", "hvtrain", "train", "examples/digits_transformer.yaml", "--backend",
+                    framework, "--quiet", "--set", f"train.epochs={epochs}", "--output-dir", str(out)],
+                   cwd=ROOT, env=ENV, check=True, capture_output=True)
+    hv = [json.loads(line)["samples_per_sec"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    proc = subprocess.run([sys.executable, "bench/native_transformer.py", framework, str(epochs)],
+                          cwd=ROOT, env=ENV, check=True, capture_output=True, text=True)
+    native = json.loads(proc.stdout.strip().splitlines()[-1])["samples_per_sec"]
+    return statistics.median(hv[1:]), statistics.median(native[1:])
+
+
 def main() -> None:
     results: dict = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "startup_seconds": startup()}
     hv, hand = [], []
@@ -64,10 +78,16 @@ def main() -> None:
         for _ in range(REPEATS):  # interleaved, so drift on the machine hits both
             hv.append(hvtrain_rate(Path(tmp)))
             hand.append(handwritten_rate())
-    results["torch_np2_mlp"] = {
-        "hvtrain_samples_per_sec": hv, "handwritten_samples_per_sec": hand,
-        "time_per_step_ratio_hvtrain_over_handwritten": statistics.median(hand) / statistics.median(hv),
-        "horovod_cycle_time_ms": ENV["HOROVOD_CYCLE_TIME"]}
+        results["torch_np2_mlp"] = {
+            "hvtrain_samples_per_sec": hv, "handwritten_samples_per_sec": hand,
+            "time_per_step_ratio_hvtrain_over_handwritten": statistics.median(hand) / statistics.median(hv),
+            "horovod_cycle_time_ms": ENV["HOROVOD_CYCLE_TIME"]}
+        for framework in ("torch", "tensorflow"):
+            pairs = [transformer_rates(framework, Path(tmp)) for _ in range(REPEATS)]
+            hv_t, native_t = [p[0] for p in pairs], [p[1] for p in pairs]
+            results[f"{framework}_transformer_example"] = {
+                "hvtrain_samples_per_sec": hv_t, "native_samples_per_sec": native_t,
+                "time_per_step_ratio_hvtrain_over_native": statistics.median(native_t) / statistics.median(hv_t)}
     out = ROOT / "bench/results/latest.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -106,13 +106,9 @@ class TensorFlowBackend(Backend):
         distributed = self.runtime.info.size > 1
         scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
 
-        def local_grads(x, y, w):
+        def local_grads(x, y, w, training):
             with tf.GradientTape() as tape:
-                # an all-zero-weight batch (a rank's empty share) runs in inference mode: no
-                # statistics updated, zero gradients
-                out = tf.cond(tf.reduce_any(w != 0), lambda: self.model(x, training=True),
-                              lambda: self.model(x, training=False))
-                out = tf.cast(out, tf.float32)
+                out = tf.cast(self.model(x, training=training), tf.float32)
                 loss = tf.reduce_sum(self.loss_fn(out, y) * w)
                 total = loss * size  # Horovod averages; see hvtrain.data.Batch
                 if scaled:
@@ -123,17 +119,17 @@ class TensorFlowBackend(Backend):
             self.loss_acc.assign_add(tf.where(finite, tf.cast(loss, tf.float64), tf.constant(0.0, tf.float64)))
             return grads, loss
 
-        @tf.function(input_signature=[x_sig, y_sig, w_sig], reduce_retracing=True)
-        def accumulate(x, y, w):
-            grads, loss = local_grads(x, y, w)
+        def accumulate(x, y, w, training):
+            grads, loss = local_grads(x, y, w, training)
             for acc, g in zip(self.accum, grads, strict=True):
                 acc.assign_add(g)
             return loss
 
-        @tf.function(input_signature=[x_sig, y_sig, w_sig], reduce_retracing=True)
-        def apply(x, y, w):
-            local, loss = local_grads(x, y, w)
-            grads = [acc + g for acc, g in zip(self.accum, local, strict=True)]
+        accumulating = self.cfg.train.grad_accumulation > 1  # else the accumulator stays zero: skip it
+
+        def apply(x, y, w, training):
+            local, loss = local_grads(x, y, w, training)
+            grads = [acc + g for acc, g in zip(self.accum, local, strict=True)] if accumulating else local
             if distributed:
                 grads = hvd.grouped_allreduce(grads, op=hvd.Average, compression=self.compression,
                                               name="hvtrain.grads")
@@ -150,15 +146,24 @@ class TensorFlowBackend(Backend):
                 tf.cond(finite, update, lambda: tf.constant(False))
             else:
                 self.optimizer.apply(grads, self.train_vars)
-            for acc in self.accum:
-                acc.assign(tf.zeros_like(acc))
+            if accumulating:
+                for acc in self.accum:
+                    acc.assign(tf.zeros_like(acc))
             return loss
 
         @tf.function(input_signature=[x_sig], reduce_retracing=True)
         def forward(x):
             return tf.cast(self.model(x, training=False), tf.float32)
 
-        self._accumulate, self._apply, self._forward = accumulate, apply, forward
+        def compiled(step, training: bool):
+            return tf.function(lambda x, y, w: step(x, y, w, training), input_signature=[x_sig, y_sig, w_sig],
+                               reduce_retracing=True)
+
+        # (apply?, training?) -> step. An all-zero-weight batch (a rank's empty share of a tail batch)
+        # runs in inference mode: no statistics updated, zero gradients. Separate functions, not a
+        # tf.cond, keep the hot path free of a branch (traced on first use).
+        self._steps = {(a, t): compiled(apply if a else accumulate, t) for a in (False, True) for t in (False, True)}
+        self._forward = forward
 
     def _input_shape(self) -> tuple:
         if self.spec is not None:
@@ -176,7 +181,7 @@ class TensorFlowBackend(Backend):
         self.optimizer.learning_rate.assign(lr)
 
     def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool) -> bool:
-        loss = (self._apply if apply else self._accumulate)(x, y, sample_weight)
+        loss = self._steps[(apply, bool(sample_weight.any()))](x, y, sample_weight)
         return bool(np.isfinite(loss.numpy()))
 
     def discard_gradients(self) -> None:

@@ -42,9 +42,11 @@ class _TorchAdamStep:
         v = self._velocities[self._get_variable_index(variable)]
         self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
         self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
-        m_hat = ops.divide(m, 1 - ops.power(ops.cast(self.beta_1, variable.dtype), step))
-        v_hat = ops.divide(v, 1 - ops.power(ops.cast(self.beta_2, variable.dtype), step))
-        self.assign_sub(variable, ops.divide(ops.multiply(lr, m_hat), ops.add(ops.sqrt(v_hat), self.epsilon)))
+        # torch's order of operations: denom = sqrt(v) / sqrt(bc2) + eps; var -= (lr / bc1) * m / denom
+        bc1 = 1 - ops.power(ops.cast(self.beta_1, variable.dtype), step)
+        bc2_sqrt = ops.sqrt(1 - ops.power(ops.cast(self.beta_2, variable.dtype), step))
+        denom = ops.add(ops.divide(ops.sqrt(v), bc2_sqrt), self.epsilon)
+        self.assign_sub(variable, ops.multiply(lr / bc1, ops.divide(m, denom)))
 
 
 class Adam(_TorchAdamStep, keras.optimizers.Adam):

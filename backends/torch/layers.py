@@ -174,19 +174,24 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
         source = query if source is None else source
-        q = torch.einsum("btd,dhk->bthk", query, self.query_kernel.to(query.dtype)) + self.query_bias.to(query.dtype)
-        k = torch.einsum("bsd,dhk->bshk", source, self.key_kernel.to(source.dtype)) + self.key_bias.to(source.dtype)
-        v = torch.einsum("bsd,dhk->bshk", source, self.value_kernel.to(source.dtype)) + \
-            self.value_bias.to(source.dtype)
-        q = q * (1.0 / math.sqrt(self.key_dim))
-        scores = torch.einsum("bshk,bthk->bhts", k, q)
-        if self.causal:
-            t, s = scores.shape[-2:]
-            allowed = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril()
-            scores = scores.masked_fill(~allowed, -3e4 if scores.dtype == torch.float16 else -1e9)
-        probs = self.dropout(torch.softmax(scores, dim=-1))
-        out = torch.einsum("bhts,bshk->bthk", probs, v)
-        return torch.einsum("bthk,hkd->btd", out, self.output_kernel.to(out.dtype)) + self.output_bias.to(out.dtype)
+        b, t, d = query.shape
+        h, k = self.query_bias.shape
+
+        def project(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            # x @ [D, H*K] as one matmul (what Keras's einsum computes), to (B, H, T, K)
+            y = torch.addmm(bias.reshape(-1).to(x.dtype), x.reshape(-1, x.shape[-1]), kernel.reshape(x.shape[-1], -1)
+                            .to(x.dtype))
+            return y.reshape(b, -1, h, k).transpose(1, 2)
+
+        q = project(query, self.query_kernel, self.query_bias)
+        key = project(source, self.key_kernel, self.key_bias)
+        v = project(source, self.value_kernel, self.value_bias)
+        out = F.scaled_dot_product_attention(q, key, v, is_causal=self.causal,
+                                             dropout_p=self.dropout.p if self.training else 0.0,
+                                             scale=1.0 / math.sqrt(self.key_dim))
+        out = out.transpose(1, 2).reshape(b * t, h * k)
+        return torch.addmm(self.output_bias.to(out.dtype), out, self.output_kernel.reshape(h * k, d).to(out.dtype)
+                           ).reshape(b, t, d)
 
 
 class Merge(nn.Module):

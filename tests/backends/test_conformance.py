@@ -15,8 +15,12 @@ def test_is_a_backend(backend_name):
     assert isinstance(engine, Backend) and engine.name == backend_name
 
 
-def test_weights_round_trip_exactly(backend_name):
-    engine, p = make_backend(backend_name, CNN)
+@pytest.mark.parametrize("config", [CNN, "tests/configs/catalogue_image.yaml", "tests/configs/catalogue_tokens.yaml",
+                                    "tests/configs/catalogue_residual.yaml", "tests/configs/catalogue_sequence.yaml",
+                                    "examples/digits_transformer.yaml"])
+def test_weights_round_trip_exactly(backend_name, config):
+    """Every catalogue layer (graphs, merges, attention included) maps neutral <-> native exactly."""
+    engine, p = make_backend(backend_name, config)
     init = p.spec.init_weights(p.cfg.seed)
     got = engine.get_weights()
     assert sorted(got) == sorted(init)

@@ -159,3 +159,20 @@ def test_token_ids_cannot_cross_a_stage_boundary(tmp_path):
     cfg = load_config(p)
     with pytest.raises(ConfigError, match="stage 1 reads the model input"):
         make_plan(cfg, build_spec(cfg), 2)
+
+
+def test_a_bad_graph_is_one_located_line_and_exit_2_before_any_framework(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: b\ndata: {dataset: sklearn:digits}\nmodel:\n  input_shape: [8, 8, 1]\n  layers:\n"
+                   "    - {type: conv2d, filters: 16, kernel_size: 3, padding: same, name: a}\n"
+                   "    - {type: conv2d, filters: 32, kernel_size: 3, padding: same, name: b}\n"
+                   "    - {type: add, inputs: [a, b], name: res1}\n")
+    code = ("import sys; from hvtrain.cli import main; sys.argv = ['hvtrain', 'train', sys.argv[1]]\n"
+            "try:\n    main()\nfinally:\n    assert 'torch' not in sys.modules and 'tensorflow' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"hvtrain: error: {bad}:8: model.layers[2] (res1): add: shapes (8, 8, 16) and (8, 8, 32) differ"]
