@@ -163,7 +163,7 @@ def infer(fail, path: str, i: int, kind: str, o: dict, shapes: list[tuple[int, .
         strides = (o["strides"] or o["pool_size"]) if rank == 3 else ((o["strides"] or o["pool_size"]),)
         return _spatial(fail, path, shape, pool, strides, "valid") + (shape[-1],), []
     if kind in ("global_avgpool", "global_maxpool"):
-        if len(shape) < 2:
+        if len(shape) not in (2, 3):
             raise fail(f"{path}.type", f"{kind} pools every axis but channels: expects (T, C) or (H, W, C), "
                        f"got {list(shape)}")
         return (shape[-1],), []

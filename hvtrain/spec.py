@@ -8,8 +8,8 @@ neutral layout is the same for both.
 A model is a list of layers in topological order. Each layer may carry `name: STR` and
 `inputs: [NAME, ...]` (default: the previous layer; `input` is the model input); `model.output`
 names the output layer (default: the last). A plain list without names is a straight stack.
-`{repeat: N, layers: [...]}` inlines a block N times: inside copy k a layer named `x` is `x.k`
-and `inputs` naming `x` mean that copy's; after the block, `x` means the last copy's.
+`{repeat: N, layers: [...]}` inlines a block N times. Names bind in order like assignments: an
+input name means the latest layer bound to it before the reader (see `_expand`).
 
 Neutral weight names are `layers.<i>.<param>` (i counts layers after repeats are expanded); the
 catalogue and its layouts are hvtrain.layers. Layer i draws its initial weights from numpy's
@@ -46,6 +46,7 @@ class LayerSpec:
     name: str = ""
     inputs: tuple[int, ...] = ()  # producer layer indices (INPUT = the model input)
     input_shapes: tuple[tuple[int, ...], ...] = ()
+    path: str = ""  # where the layer is written: model.layers[i] (inside repeats: ...layers[j])
 
     @property
     def param_count(self) -> int:
@@ -118,36 +119,34 @@ def build_spec(cfg: Config) -> ModelSpec:
             input names, a layer whose output is never used, or shapes that do not fit; located
             at `model.layers[i]...` and naming the layer.
     """
-    items = _expand(cfg, cfg.model.layers, "model.layers", {})
+    scope: dict[str, str] = {}
+    items = _expand(cfg, cfg.model.layers, "model.layers", scope, set())
     spec = ModelSpec(input_shape=tuple(cfg.model.input_shape or ()))
-    names: dict[str, int] = {}
-    for i, item in enumerate(items):
-        if item.name:
-            if item.name == "input":
-                raise cfg.fail(f"{item.path}.name", "'input' names the model input; choose another name")
-            if item.name in names:
-                raise cfg.fail(f"{item.path}.name", f"name {item.name!r} is already used by "
-                               f"{items[names[item.name]].path}")
-            names[item.name] = i
+    names = {item.name: i for i, item in enumerate(items) if item.name}  # unique full names
     for i, item in enumerate(items):
         spec.layers.append(_layer(cfg, spec, items, names, i, item))
     if cfg.model.output is not None:
-        if cfg.model.output not in names:
+        full = scope.get(cfg.model.output)
+        if full is None:
             raise cfg.fail("model.output", f"no layer is named {cfg.model.output!r}")
-        spec.output = names[cfg.model.output]
+        spec.output = names[full]
     if spec.layers:
         _check_all_used(cfg, spec, items)
+        _check_token_input(cfg, spec, items)
     return spec
 
 
-def _expand(cfg: Config, raw_layers: list, path: str, scope: dict[str, str], suffix: str = "") -> list[_Item]:
-    """The layer list with `repeat` blocks inlined. Names bind in order, like assignments: `inputs`
-    naming `x` mean the latest `x` defined before this layer (in a repeat block, the previous
-    copy's, or the one before the block for the first copy). `scope` (name -> full name) is
-    updated, so after a block its names mean the last copy's. A name defined in copy k of a block
-    is `name.k` (nested blocks append their copy numbers)."""
+def _expand(cfg: Config, raw_layers: list, path: str, scope: dict[str, str], used: set[str], suffix: str = ""
+            ) -> list[_Item]:
+    """The layer list with `repeat` blocks inlined.
+
+    Names bind in order, like assignments: `inputs` naming `x` mean the latest `x` bound before
+    this layer (inside copy k of a block, before `x` is bound again there, that is copy k-1's, or
+    for the first copy the `x` before the block). `scope` (name -> full name) is updated, so after
+    a block its names mean the last copy's. Full names are unique: `x` at top level, `x.k` in copy
+    k of a block (nested blocks append their copy numbers), and `~2`, `~3`... when a name is
+    bound again where that would repeat (a second block, or a top-level rebinding)."""
     out: list[_Item] = []
-    bound: dict[str, int] = {}  # names defined in this copy of a block, and how often
     for i, raw in enumerate(raw_layers):
         p = f"{path}[{i}]"
         if not isinstance(raw, dict):
@@ -162,11 +161,13 @@ def _expand(cfg: Config, raw_layers: list, path: str, scope: dict[str, str], suf
             if not isinstance(body, list) or not body:
                 raise cfg.fail(f"{p}.layers", "expected a non-empty list of layers to repeat")
             for k in range(1, n + 1):
-                out.extend(_expand(cfg, body, f"{p}.layers", scope, f"{suffix}.{k}"))
+                out.extend(_expand(cfg, body, f"{p}.layers", scope, used, f"{suffix}.{k}"))
             continue
         name = raw.get("name")
-        if name is not None and (not isinstance(name, str) or not name or "." in name):
-            raise cfg.fail(f"{p}.name", f"expected a name without dots, got {name!r}")
+        if name is not None and (not isinstance(name, str) or not name or "." in name or "~" in name):
+            raise cfg.fail(f"{p}.name", f"expected a name without dots or tildes, got {name!r}")
+        if name == "input":
+            raise cfg.fail(f"{p}.name", "'input' names the model input; choose another name")
         inputs = raw.get("inputs")
         if inputs is not None:
             if isinstance(inputs, str):
@@ -174,11 +175,13 @@ def _expand(cfg: Config, raw_layers: list, path: str, scope: dict[str, str], suf
             if not isinstance(inputs, list) or not inputs or not all(isinstance(x, str) for x in inputs):
                 raise cfg.fail(f"{p}.inputs", f"expected a list of layer names (or input), got {inputs!r}")
             inputs = [scope.get(x, x) for x in inputs]
-        full = f"{name}{suffix}" if name else ""
-        if name and suffix:  # inside a block a name may be bound again (`x = x + f(x)`)
-            bound[name] = bound.get(name, 0) + 1
-            full = full if bound[name] == 1 else f"{full}~{bound[name]}"
+        full = ""
         if name:
+            full, n_bound = f"{name}{suffix}", 1
+            while full in used:
+                n_bound += 1
+                full = f"{name}{suffix}~{n_bound}"
+            used.add(full)
             scope[name] = full
         out.append(_Item(p, raw, full, inputs))
     return out
@@ -232,7 +235,19 @@ def _layer(cfg: Config, spec: ModelSpec, items: list[_Item], names: dict[str, in
                               f"{list(shapes[0])})") from None
         raise
     return LayerSpec(i, kind, options, shapes[0], out_shape, tuple(weights), stage, item.name, tuple(inputs),
-                     tuple(shapes))
+                     tuple(shapes), path)
+
+
+def _check_token_input(cfg: Config, spec: ModelSpec, items: list[_Item]) -> None:
+    """Token ids (an embedding reads the input) can only be read by embeddings."""
+    if not spec.integer_input:
+        return
+    for layer in spec.layers:
+        if INPUT in layer.inputs and layer.type != "embedding":
+            path = items[layer.index].path
+            label = f" ({layer.name})" if layer.name else ""
+            raise ConfigError(f"{cfg.where(path)}: {path}{label}: {layer.type} reads the model input, which holds "
+                              "token ids (an embedding reads it); only embeddings may read `input` here")
 
 
 def _check_all_used(cfg: Config, spec: ModelSpec, items: list[_Item]) -> None:

@@ -81,8 +81,14 @@ def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sca
 
 def load_training_state(state: dict[str, np.ndarray], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         scaler=None, rng: bool = True) -> None:
-    model.load_state_dict({k[len("model."):]: torch.from_numpy(np.array(v)) for k, v in state.items()
-                           if k.startswith("model.")}, strict=True)
+    try:
+        model.load_state_dict({k[len("model."):]: torch.from_numpy(np.array(v)) for k, v in state.items()
+                               if k.startswith("model.")}, strict=True)
+    except RuntimeError as exc:  # a checkpoint of another model (or hvtrain version): say so, no traceback
+        from hvtrain.errors import HvtrainError
+
+        raise HvtrainError(f"the checkpoint's model state does not fit this model ({str(exc).splitlines()[0]})"
+                           ) from None
     meta = decode_json(state["optim.meta"])
     per_param: dict[int, dict[str, Any]] = {int(i): dict(v) for i, v in meta["state"].items()}
     for key, value in state.items():

@@ -138,7 +138,7 @@ def _bounds(cfg: Config, spec: ModelSpec, S: int) -> list[tuple[int, int]]:
             raise cfg.fail("parallel.pipeline.placement", "give either placement or `stage:` keys on layers, not both")
         missing = [i for i, t in enumerate(tagged) if t is None]
         if missing:
-            raise cfg.fail(f"model.layers[{missing[0]}]", "every layer needs a `stage:` key once one layer has one")
+            raise cfg.fail(spec.layers[missing[0]].path, "every layer needs a `stage:` key once one layer has one")
         ranges: dict[int, list[int]] = {}
         for i, t in enumerate(tagged):
             ranges.setdefault(t, []).append(i)

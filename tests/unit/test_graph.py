@@ -73,7 +73,8 @@ def test_an_unused_branch_is_an_error(tmp_path):
 @pytest.mark.parametrize("layers,expected", [
     ("    - {type: flatten, name: f}\n    - {type: add}\n", "add takes at least 2 input(s), got 1"),
     ("    - {type: flatten, name: f}\n    - {type: dense, units: 3, inputs: [f, f]}\n", "dense takes 1 input(s)"),
-    ("    - {type: flatten, name: f}\n    - {type: flatten, name: f}\n", "name 'f' is already used by"),
+    ("    - {type: flatten, name: f~2}\n", "expected a name without dots or tildes, got 'f~2'"),
+    ("    - repeat: 2\n      layers:\n        - {type: flatten, name: input}\n", "'input' names the model input"),
     ("    - {type: flatten, name: input}\n", "'input' names the model input"),
     ("    - {type: flatten}\n    - {type: concatenate, inputs: [0, input]}\n",
      "model.layers[1].inputs: expected a list of layer names (or input), got [0, 'input']"),
@@ -144,7 +145,8 @@ def test_plan_lists_the_tensors_each_boundary_carries():
     out = CliRunner().invoke(cli, ["plan", "tests/configs/residual_pipeline.yaml", "-np", "3"])
     assert out.exit_code == 0, out.output
     assert "  0 -> 1: input [64] 256.0 B, layer 0 (a) [32] 128.0 B, layer 1 (dense) [32] 128.0 B" in out.output
-    assert "  1 -> 2: input [64] 256.0 B, layer 3 (r) [32] 128.0 B, layer 4 (c) [32] 128.0 B" in out.output
+    assert ("  1 -> 2: input [64] 256.0 B, layer 0 (a) [32] 128.0 B, layer 3 (r) [32] 128.0 B, layer 4 (c) [32] "
+            "128.0 B") in out.output
 
 
 def test_token_ids_cannot_cross_a_stage_boundary(tmp_path):
@@ -176,3 +178,45 @@ def test_a_bad_graph_is_one_located_line_and_exit_2_before_any_framework(tmp_pat
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         f"hvtrain: error: {bad}:8: model.layers[2] (res1): add: shapes (8, 8, 16) and (8, 8, 32) differ"]
+
+
+def test_sibling_blocks_and_top_level_rebinding_reuse_names(tmp_path):
+    """Defect found in review: a second repeat block (or a top-level rebinding) of a name collided."""
+    block = ("    - repeat: 2\n      layers:\n"
+             "        - {type: dense, units: 8, name: branch}\n"
+             "        - {type: add, inputs: [x, branch], name: x}\n")
+    layers = ("    - {type: flatten}\n    - {type: dense, units: 8, name: x}\n" + block +
+              "    - {type: dense, units: 8, name: x}\n" + block + "    - {type: dense, units: 10}\n")
+    spec, _ = spec_of(tmp_path, layers, extra="  output: null\n")
+    names = [layer.name for layer in spec.layers]
+    assert names[1:6] == ["x", "branch.1", "x.1", "branch.2", "x.2"]
+    assert names[6:11] == ["x~2", "branch.1~2", "x.1~2", "branch.2~2", "x.2~2"]
+    assert spec.layers[8].inputs == (6, 7)  # the second block's first copy reads the rebound x
+    assert len(set(names[1:11])) == 10
+
+
+def test_model_output_resolves_names_bound_inside_blocks(tmp_path):
+    layers = ("    - {type: flatten}\n    - repeat: 2\n      layers:\n        - {type: dense, units: 10, name: y}\n")
+    spec, _ = spec_of(tmp_path, layers, extra="  output: y\n")
+    assert spec.output_index == 2 and spec.layers[2].name == "y.2"
+
+
+def test_only_embeddings_may_read_token_ids(tmp_path):
+    layers = ("    - {type: embedding, input_dim: 17, output_dim: 8}\n    - {type: flatten, name: f}\n"
+              "    - {type: dense, units: 4, inputs: [input], name: raw}\n"
+              "    - {type: concatenate, inputs: [f, raw]}\n")
+    msg = error_of(tmp_path, layers, input_shape="[4]")
+    assert "model.layers[2] (raw): dense reads the model input, which holds token ids" in msg and "m.yaml:8:" in msg
+
+
+def test_missing_stage_key_points_into_the_repeat_block(tmp_path):
+    from hvtrain.placement.plan import make_plan
+
+    p = tmp_path / "s.yaml"
+    p.write_text("name: s\ndata: {dataset: sklearn:digits}\nmodel:\n  input_shape: [64]\n  layers:\n"
+                 "    - {type: dense, units: 8, stage: 0}\n    - repeat: 2\n      layers:\n"
+                 "        - {type: dense, units: 8}\n    - {type: dense, units: 10, stage: 1}\n"
+                 "parallel:\n  pipeline: {stages: 2}\n")
+    cfg = load_config(p)
+    with pytest.raises(ConfigError, match=r"s.yaml:9: model.layers\[1\].layers\[0\]: every layer needs a `stage:`"):
+        make_plan(cfg, build_spec(cfg), 2)
