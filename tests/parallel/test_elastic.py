@@ -139,8 +139,10 @@ def test_rollback_continues_exactly_like_a_resume_from_that_commit(tmp_path, bac
     script.chmod(0o755)
     out, ref = tmp_path / "run", tmp_path / "ref"
     common = ["train", SLOW, "--backend", backend, "--quiet", "--set", "model.layers.1.rate=0.0",
-              "--set", "train.epochs=3", "--set", "train.grad_accumulation=2", "--set", "train.elastic_commit_every=10",
-              "--set", "train.checkpoint_unit=step", "--set", "train.checkpoint_every=10", "--set", "train.keep=1000"]
+              "--set", "train.epochs=3", "--set", "train.grad_accumulation=2", "--set", "train.elastic_commit_every=5",
+              "--set", "train.checkpoint_unit=step", "--set", "train.checkpoint_every=5", "--set", "train.keep=1000"]
+    # 125 steps per epoch on 2 ranks: a multiple of 5, so the epoch-end commit is a checkpoint too and
+    # every commit the run can roll back to has a checkpoint to resume the reference from
     argv = [tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
             "--host-discovery-script", str(script), *hvtrain(*common, "--elastic", "--output-dir", str(out))]
     proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -156,7 +158,7 @@ def test_rollback_continues_exactly_like_a_resume_from_that_commit(tmp_path, bac
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, output[-3000:]
     assert [r["world_size"] for r in records(out)][-1] == 1
-    # the last commit on 2 ranks is the last checkpoint written on 2 ranks (both every 10 steps)
+    # the last commit on 2 ranks is the last checkpoint written on 2 ranks (both every 5 steps)
     on_two = [p for p in list_checkpoints(out) if load(p).meta["world_size"] == 2]
     commit = max(on_two, key=lambda p: load(p).meta["step"])
     run(hvtrain(*common, "--output-dir", str(ref), "--resume", str(commit)), timeout=400)
