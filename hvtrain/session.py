@@ -94,8 +94,7 @@ class Session:
             from mpi4py import MPI
 
             self.comm = MPI.COMM_WORLD
-            self._guard = _PreInit(self.comm.Get_rank(), self.comm.Get_size())
-            with self._guard:
+            with _PreInit(self.comm.Get_rank(), self.comm.Get_size()):
                 from hvtrain.placement.plan import make_plan
 
                 self.plan = make_plan(cfg, spec, self.comm.Get_size(), {"gpu": self.backend.local_gpus()})

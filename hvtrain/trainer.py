@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain import __version__
-from hvtrain.checkpoint import CheckpointManager, encode
+from hvtrain.checkpoint import CheckpointManager, decode, encode
 from hvtrain.config import Config
 from hvtrain.data import Dataset, epoch_permutation, shard_batches, steps_per_epoch
 from hvtrain.errors import HvtrainError
@@ -215,8 +215,6 @@ def final_weights(run: Run) -> tuple[dict[str, np.ndarray], bool]:
     trainable = steps.trainable_names()
     fingerprints = rt.allgather_object((steps.shard, digest({k: v for k, v in mine.items() if k in trainable})))
     agree = all(len({d for s, d in fingerprints if s == shard}) == 1 for shard, _ in fingerprints)
-    from hvtrain.checkpoint import decode
-
     blobs = rt.gather_bytes(encode(mine if steps.owns_shard else {}))
     weights: dict[str, np.ndarray] = {}
     for blob in blobs or []:
