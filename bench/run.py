@@ -6,6 +6,8 @@
    epochs after the first (warm-up).
 3. The transformer example (examples/digits_transformer.yaml) vs the same model written natively
    in each framework (bench/native_transformer.py), 1 process, runs interleaved, same medians.
+4. Datasets larger than memory (bench/data_scale.py): 0.25 GB vs 4 GB `npy:` data, 2 ranks,
+   peak RSS per rank and samples/s (bench/results/data_scale.json).
 
 Writes bench/results/latest.json and prints a summary. Usage: make bench  (or python bench/run.py)
 """
@@ -91,6 +93,10 @@ def main() -> None:
     out = ROOT / "bench/results/latest.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+    sys.path.insert(0, str(ROOT / "bench"))
+    import data_scale
+
+    data_scale.main()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ _TEMP = re.compile(r"^\.ckpt-[0-9a-f]{8}-s\d{8}\.safetensors\..*\.tmp$")
 FORMAT = "hvtrain-checkpoint-v2"
 # Config keys whose change changes the math: a checkpoint resumes only a run that agrees on them.
 MATH_KEYS = ("model", "optimizer", "loss", "data", "seed", "train.grad_accumulation", "train.precision")
+NOT_MATH = ("data.prefetch",)  # under MATH_KEYS, but no effect on the numbers
 
 
 class CheckpointError(HvtrainError):
@@ -172,12 +173,15 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
 
     def pick(cfg: dict[str, Any]) -> dict[str, Any]:
         flat = leaves(cfg, "")
-        return {k: v for k, v in flat.items() if any(k == m or k.startswith(m + ".") or k.startswith(m + "[")
-                                                      for m in MATH_KEYS)}
+        return {k: v for k, v in flat.items() if k not in NOT_MATH and any(
+            k == m or k.startswith(m + ".") or k.startswith(m + "[") for m in MATH_KEYS)}
+
+    def same(x: Any, y: Any) -> bool:  # a key newer than the checkpoint, unset (None) in this run
+        return x == y or (x is None or x == "<unset>") and (y is None or y == "<unset>")
 
     a, b = pick(saved), pick(current)
     return [f"{k}: checkpoint {a.get(k, '<unset>')!r}, this run {b.get(k, '<unset>')!r}"
-            for k in sorted(set(a) | set(b)) if a.get(k, "<unset>") != b.get(k, "<unset>")]
+            for k in sorted(set(a) | set(b)) if not same(a.get(k, "<unset>"), b.get(k, "<unset>"))]
 
 
 def find_resume(out_dir: str | Path, resume: str, config: dict[str, Any], report) -> Checkpoint | None:

@@ -29,7 +29,11 @@ BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]
 
 @dataclass
 class DataConfig:
-    dataset: str
+    # sklearn:NAME, synthetic:classification|regression, csv:PATH, npz:PATH, npy:DIR, shards:GLOB
+    dataset: str | None = None
+    entrypoint: str | None = None  # "package.module:function" returning (x, y) or a random-access object
+    kwargs: dict = field(default_factory=dict)
+    prefetch: int = 2  # batches gathered ahead in a background thread (0: in the training thread)
     validation_split: float = 0.2
     batch_size: int = 32  # per rank
     shuffle: bool = True
@@ -38,6 +42,8 @@ class DataConfig:
     samples: int = 1000  # synthetic:* only
     features: int = 20
     classes: int = 2
+    # Python API only (hvtrain.train(data=...)): arrays (x, y) or a random-access object.
+    provided: Any = field(default=None, metadata={"internal": True}, repr=False, compare=False)
 
 
 @dataclass
@@ -47,6 +53,8 @@ class ModelConfig:
     output: str | None = None  # the name of the layer whose output is the model's (default: the last)
     entrypoint: str | None = None  # "package.module:function" returning a native model
     kwargs: dict = field(default_factory=dict)
+    # Python API only (hvtrain.train(model=...)): a callable returning a native model.
+    factory: Any = field(default=None, metadata={"internal": True}, repr=False, compare=False)
 
 
 @dataclass
@@ -66,6 +74,7 @@ class OptimizerConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 10
+    max_steps: int = 0  # stop after this many optimizer steps in all (0: no limit); checkpoints as usual
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     grad_accumulation: int = 1
     compression: Literal["none", "fp16"] = "none"
@@ -104,8 +113,8 @@ class ParallelConfig:
 @dataclass
 class Config:
     name: str
-    data: DataConfig
-    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     backend: BackendName = "torch"
     seed: int = 0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -126,6 +135,8 @@ class Config:
         while probe:
             if probe in self.lines:
                 line = self.lines[probe]
+                if line < 0:  # a key of a mapping given from Python
+                    return self.source
                 return f"{self.source}:{line}" if line > 0 else f"{self.source} (--set {probe})"
             probe = _parent_path(probe)
         return self.source
@@ -280,13 +291,53 @@ def _apply_override(raw: dict, parts: list[str | int], value: Any, text: str, li
 # ----------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read, override and validate an experiment config.
+def load_config(source: str | Path | typing.Mapping[str, Any] | Config,
+                overrides: typing.Sequence[str] = (), *, model: Any = None, data: Any = None) -> Config:
+    """Read, override and validate an experiment config: a YAML file, a mapping (the Python API;
+    errors name `<dict>` and the key path) or a Config (copied, then overridden).
+
+    `model` (a callable returning a native model) and `data` (arrays or a random-access object)
+    come from the Python API and take the place of model.layers/entrypoint and data.dataset.
 
     Raises:
         ConfigError: missing file, YAML syntax, unknown key, wrong type or value; the
             message names `file:line` and the key path.
     """
+    lines: dict[str, int] = {}
+    if isinstance(source, Config):
+        raw, name = source.to_dict(), source.source
+        lines.update(source.lines)
+    elif isinstance(source, typing.Mapping):
+        raw, name = _plain(dict(source)), "<dict>"
+        _collect_keys(raw, "", lines)
+    else:
+        raw, name = _read_yaml(source), str(source)
+        _collect_lines(raw, "", lines)
+    for text_override in overrides:
+        parts, value = parse_override(text_override)
+        _apply_override(raw, parts, value, text_override, lines)
+    cfg = Config.__new__(Config)
+    cfg.source, cfg.lines = name, lines  # so that errors raised while building can locate
+    built = _build(Config, raw, "", cfg)
+    built.source, built.lines = name, lines
+    if isinstance(source, Config):  # the Python API's objects travel with a copied Config
+        built.data.provided, built.model.factory = source.data.provided, source.model.factory
+    if model is not None:
+        if not callable(model):
+            raise ConfigError(f"model=: expected a callable returning a native model, got {type(model).__name__}")
+        if built.model.layers or (built.model.entrypoint and built.model.factory is None):
+            raise built.fail("model", "model= replaces the config's model.layers / model.entrypoint; remove them")
+        built.model.factory = model
+        built.model.entrypoint = f"python:{getattr(model, '__qualname__', type(model).__name__)}"
+    if data is not None:
+        if built.data.dataset is not None or built.data.entrypoint is not None:
+            raise built.fail("data", "data= replaces the config's data.dataset / data.entrypoint; remove them")
+        built.data.provided = data
+    _check(built)
+    return built
+
+
+def _read_yaml(path: str | Path) -> Any:
     source = str(path)
     try:
         text = Path(path).read_text()
@@ -305,17 +356,20 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
         raise ConfigError(f"{source}: invalid YAML: {_first_line(exc)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}:1: expected a mapping of config keys, got {_kind(raw)}")
-    lines: dict[str, int] = {}
-    _collect_lines(raw, "", lines)
-    for text_override in overrides:
-        parts, value = parse_override(text_override)
-        _apply_override(raw, parts, value, text_override, lines)
-    cfg = Config.__new__(Config)
-    cfg.source, cfg.lines = source, lines  # so that errors raised while building can locate
-    built = _build(Config, raw, "", cfg)
-    built.source, built.lines = source, lines
-    _check(built)
-    return built
+    return raw
+
+
+def _collect_keys(obj: Any, prefix: str, out: dict[str, int]) -> None:
+    """Key paths of a plain mapping (no lines: -1, located by the source name alone)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out[path] = -1
+            _collect_keys(value, path, out)
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            out[f"{prefix}[{i}]"] = -1
+            _collect_keys(value, f"{prefix}[{i}]", out)
 
 
 def _check(cfg: Config) -> None:
@@ -328,6 +382,18 @@ def _check(cfg: Config) -> None:
                         ("train.elastic_commit_every", t.elastic_commit_every)]:
         if value < 1:
             raise cfg.fail(path, f"expected an integer >= 1, got {value}")
+    if t.max_steps < 0:
+        raise cfg.fail("train.max_steps", f"expected an integer >= 0 (0 = no limit), got {t.max_steps}")
+    if d.prefetch < 0:
+        raise cfg.fail("data.prefetch", f"expected an integer >= 0 (0 = no background thread), got {d.prefetch}")
+    if d.dataset is None and d.entrypoint is None and d.provided is None:
+        raise cfg.fail("data", "expected data.dataset or data.entrypoint (or data= in hvtrain.train)")
+    if d.dataset is not None and d.entrypoint is not None:
+        raise cfg.fail("data.entrypoint", "give either data.dataset or data.entrypoint, not both")
+    if d.entrypoint is not None and not _is_entrypoint(d.entrypoint):
+        raise cfg.fail("data.entrypoint", f"expected 'package.module:function', got {d.entrypoint!r}")
+    if d.kwargs and d.entrypoint is None:
+        raise cfg.fail("data.kwargs", "only used with data.entrypoint")
     if t.checkpoint_every < 0 or t.keep < 1:
         path = "train.checkpoint_every" if t.checkpoint_every < 0 else "train.keep"
         raise cfg.fail(path, f"expected checkpoint_every >= 0 and keep >= 1, got {t.checkpoint_every}, {t.keep}")
@@ -350,7 +416,7 @@ def _check(cfg: Config) -> None:
         raise cfg.fail("model", "expected model.layers (the neutral spec) or model.entrypoint")
     if m.entrypoint is not None and m.layers:
         raise cfg.fail("model.entrypoint", "give either model.layers or model.entrypoint, not both")
-    if m.entrypoint is not None and not _is_entrypoint(m.entrypoint):
+    if m.entrypoint is not None and m.factory is None and not _is_entrypoint(m.entrypoint):
         raise cfg.fail("model.entrypoint", f"expected 'package.module:function', got {m.entrypoint!r}")
     if m.entrypoint is None and m.input_shape is None:
         raise cfg.fail("model.input_shape", "required with model.layers")

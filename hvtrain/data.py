@@ -1,75 +1,276 @@
-"""Datasets shipped by packages, synthetic, CSV or NPZ; split, normalisation and rank sharding.
+"""Datasets: where samples come from, the seeded split, normalisation and rank sharding.
 
 Everything here is numpy and deterministic from the seed, so every rank computes the same
-split and the same per-epoch permutation without communicating.
+split and the same per-epoch permutation without communicating. Whatever the source (arrays in
+memory, memory-mapped .npy files, shard files, a data entrypoint), the split, the statistics and
+each batch's values are computed by the same code, so a run gives bit-identical results from
+every source of the same arrays. Feature rows are read only for the batches a rank trains on.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
-from collections.abc import Iterator
+import os
+import socket
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hvtrain.config import Config
 from hvtrain.errors import DataError
+from hvtrain.sources import ArraySource, ObjectSource, Source, digest_rows, open_npy_dir, open_shards
 
 SKLEARN_DATASETS = ("digits", "breast_cancer", "wine", "iris")
+STATS_CHUNK_VALUES = 1 << 22  # feature values per chunk of the statistics pass (16 MB of float32)
+
+
+@dataclass(frozen=True)
+class Transform:
+    """Raw feature rows -> model input: dtype, normalisation (training statistics), shape."""
+
+    dtype: type
+    shift: np.ndarray | None = None
+    scale: np.ndarray | None = None
+    shape: tuple[int, ...] | None = None
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        x = raw.astype(self.dtype)
+        if self.shift is not None:
+            flat = x.reshape(len(x), -1)
+            x = ((flat - self.shift) / self.scale).astype(np.float32).reshape(x.shape)
+        if self.shape is not None:
+            x = x.reshape((len(x),) + self.shape)
+        return np.ascontiguousarray(x)
+
+
+@dataclass
+class Split:
+    """A training or validation split: which source rows, in the split's order, their encoded labels."""
+
+    source: Source
+    rows: np.ndarray
+    y: np.ndarray
+    transform: Transform
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def features(self, idx: np.ndarray) -> np.ndarray:
+        """Model inputs of split positions `idx` (only these rows are read)."""
+        return self.transform(self.source.features(self.rows[idx]))
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.features(idx), self.y[idx]
 
 
 @dataclass
 class Dataset:
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_val: np.ndarray
-    y_val: np.ndarray
+    train: Split
+    val: Split
     num_outputs: int  # classes (cross_entropy), 1 (binary), target width (regression)
+    feature_shape: tuple[int, ...]  # of one model input (after reshaping to the model's input_shape)
+    name: str
+
+    # Whole splits in memory: for tests, tools and small data (training reads batches instead).
+    @property
+    def x_train(self) -> np.ndarray:
+        return self.train.features(np.arange(len(self.train)))
 
     @property
-    def feature_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
+    def y_train(self) -> np.ndarray:
+        return self.train.y
+
+    @property
+    def x_val(self) -> np.ndarray:
+        return self.val.features(np.arange(len(self.val)))
+
+    @property
+    def y_val(self) -> np.ndarray:
+        return self.val.y
+
+    def fingerprint(self) -> str:
+        """Cheap identity of the data (ranks must agree): labels, split, statistics and a seeded
+        sample of raw rows, never a pass over all features."""
+        h = hashlib.sha256()
+        for split in (self.train, self.val):
+            h.update(np.ascontiguousarray(split.y))
+            h.update(np.ascontiguousarray(split.rows))
+            for a in (split.transform.shift, split.transform.scale):
+                if a is not None:
+                    h.update(a.tobytes())
+            if len(split):
+                probe = np.unique(np.random.default_rng(0xF1).integers(0, len(split), 16))
+                h.update(digest_rows(split.source, split.rows[probe]).encode())
+        return h.hexdigest()[:16]
 
 
 def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, integer_input: bool = False) -> Dataset:
-    """Load, split (seeded), normalise (training statistics only) and reshape to `input_shape`.
+    """Open, split (seeded), fit normalisation (training rows only, one chunked pass, cached beside
+    file data) and plan the reshape to `input_shape`. Reads labels, never all features at once.
 
     Raises:
         ConfigError: unknown dataset kind or option that does not fit the data.
-        DataError: a file that is missing or cannot be parsed.
+        DataError: a file that is missing, malformed or cannot be parsed; user code that fails.
     """
-    x, y = _load_raw(cfg)
-    classification = cfg.loss in ("cross_entropy", "binary_cross_entropy")
-    if classification:
-        classes, y = np.unique(y, return_inverse=True)
-        y = y.astype(np.int64)
-        if cfg.loss == "binary_cross_entropy":
-            if len(classes) > 2:
-                raise cfg.fail("loss", f"binary_cross_entropy needs 2 classes, dataset has {len(classes)}")
-            num_outputs = 1
-        else:
-            num_outputs = len(classes)
+    source, val_source, name = _open(cfg)
+    labels = source.labels()
+    val_labels = val_source.labels() if val_source is not None else labels[:0]
+    y_all, num_outputs = _encode_labels(cfg, np.concatenate([labels, val_labels]), name)
+    y, y_val = y_all[: len(labels)], y_all[len(labels):]
+    n = len(source)
+    if val_source is None:
+        perm = np.random.default_rng([cfg.seed, 0xDA7A]).permutation(n)
+        n_val = int(round(n * cfg.data.validation_split))
+        val_rows, train_rows = perm[:n_val], perm[n_val:]
+        val_source, y_val = source, y
     else:
-        y = y.astype(np.float32).reshape(len(y), -1)
-        num_outputs = y.shape[1]
-    x = x.astype(np.int64 if integer_input else np.float32)
-
-    perm = np.random.default_rng([cfg.seed, 0xDA7A]).permutation(len(x))
-    n_val = int(round(len(x) * cfg.data.validation_split))
-    val, train = perm[:n_val], perm[n_val:]
-    if len(train) == 0:
-        raise cfg.fail("data.validation_split", f"leaves no training samples out of {len(x)}")
-    x_train, x_val = x[train], x[val]
+        train_rows, val_rows = np.arange(n), np.arange(len(val_source))
+    if len(train_rows) == 0:
+        raise cfg.fail("data.validation_split", f"leaves no training samples out of {n}")
+    if val_source.feature_shape != source.feature_shape:
+        raise DataError(f"{name}: validation features {list(val_source.feature_shape)} differ from the training "
+                        f"features {list(source.feature_shape)}")
+    shift = scale = None
     if cfg.data.normalize != "none":
         if integer_input:
             raise cfg.fail("data.normalize", "must be none when the first layer is an embedding (token ids)")
-        x_train, x_val = _normalize(cfg.data.normalize, x_train, x_val)
-    if input_shape is not None and math.prod(input_shape) == math.prod(x.shape[1:]):
-        x_train = x_train.reshape((len(x_train),) + tuple(input_shape))
-        x_val = x_val.reshape((len(x_val),) + tuple(input_shape))
-    return Dataset(np.ascontiguousarray(x_train), y[train], np.ascontiguousarray(x_val), y[val], num_outputs)
+        split_key = [cfg.seed, cfg.data.validation_split] if val_source is source else ["validation files"]
+        shift, scale = _statistics(cfg.data.normalize, source, train_rows, split_key)
+    features = source.feature_shape
+    shape = tuple(input_shape) if input_shape is not None and math.prod(input_shape) == math.prod(features) else None
+    transform = Transform(np.int64 if integer_input else np.float32, shift, scale, shape)
+    return Dataset(Split(source, train_rows, y[train_rows], transform),
+                   Split(val_source, val_rows, y_val[val_rows], transform),
+                   num_outputs, shape or features, name)
+
+
+def _encode_labels(cfg: Config, y: np.ndarray, name: str) -> tuple[np.ndarray, int]:
+    """Class ids (classification: sorted unique labels -> 0..C-1) or float targets (regression)."""
+    if cfg.loss in ("cross_entropy", "binary_cross_entropy"):
+        if y.ndim > 1:
+            if math.prod(y.shape[1:]) != 1:
+                raise DataError(f"{name}: a classification loss needs one label per sample, got labels of shape "
+                                f"{list(y.shape[1:])}")
+            y = y.reshape(len(y))
+        classes, inverse = np.unique(y, return_inverse=True)
+        y = inverse.reshape(len(y)).astype(np.int64)
+        if cfg.loss == "binary_cross_entropy":
+            if len(classes) > 2:
+                raise cfg.fail("loss", f"binary_cross_entropy needs 2 classes, dataset has {len(classes)}")
+            return y, 1
+        return y, len(classes)
+    try:
+        y = y.astype(np.float32).reshape(len(y), -1)
+    except ValueError as exc:
+        raise DataError(f"{name}: regression targets must be numbers ({exc})") from None
+    return y, y.shape[1]
+
+
+def _open(cfg: Config) -> tuple[Source, Source | None, str]:
+    """The training source, a separate validation source (npy:DIR with x_val.npy) and a name."""
+    d = cfg.data
+    if d.provided is not None:
+        return _from_user(d.provided, "data= (hvtrain.train)", cfg, "data"), None, "data="
+    if d.entrypoint is not None:
+        from hvtrain.entrypoint import call_entrypoint
+
+        name = f"data.entrypoint {d.entrypoint}"
+        return _from_user(call_entrypoint(cfg, "data"), name, cfg, "data.entrypoint"), None, name
+    kind, _, arg = d.dataset.partition(":")
+    if kind in ("npy", "shards"):
+        if not arg:
+            raise cfg.fail("data.dataset", f"expected {kind}:{'DIR' if kind == 'npy' else 'GLOB'}, got {d.dataset!r}")
+        try:
+            if kind == "npy":
+                train, val = open_npy_dir(_resolve(cfg, arg, directory=True))
+                return train, val, d.dataset
+            return open_shards(arg, Path(cfg.source).parent), None, d.dataset
+        except DataError as exc:
+            raise DataError(f"{cfg.where('data.dataset')}: data.dataset: {exc}") from None
+    x, y = _load_raw(cfg)
+    return ArraySource(x, y, d.dataset), None, d.dataset
+
+
+def _from_user(obj: Any, name: str, cfg: Config, key: str) -> Source:
+    """(x, y) arrays or a random-access object (`__len__` and `get(indices) -> (x, y)`)."""
+    if isinstance(obj, (tuple, list)) and len(obj) == 2:
+        return ArraySource(obj[0], obj[1], name)
+    if hasattr(obj, "get") and hasattr(obj, "__len__") and not isinstance(obj, Mapping):
+        return ObjectSource(obj, name)
+    raise cfg.fail(key, f"{name}: expected (x, y) arrays or an object with __len__ and get(indices) -> (x, y), "
+                   f"got {type(obj).__name__}")
+
+
+def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Normalisation statistics of the training rows: one pass in source order, chunked (float64
+    accumulation, Chan et al.'s merge), cached beside file data keyed by the files and by what
+    chose the rows (`split_key`: seed and validation_split; None: not cached). Every rank of a
+    first run computes them itself (they agree bit for bit); later runs read the cache."""
+    cache = _stats_cache(how, source, split_key)
+    if cache is not None and cache.is_file():
+        try:
+            saved = np.load(cache, allow_pickle=False)
+            if saved.shape == (2, math.prod(source.feature_shape)) and saved.dtype == np.float32:
+                return saved[0], saved[1]
+        except (OSError, ValueError):
+            pass  # unreadable: recompute (and rewrite)
+    n, width = len(source), math.prod(source.feature_shape)
+    member = np.zeros(n, bool)
+    member[rows] = True
+    chunk = max(1, STATS_CHUNK_VALUES // width)
+    count, mean, m2 = 0, np.zeros(width), np.zeros(width)
+    lo, hi = np.full(width, np.inf), np.full(width, -np.inf)
+    for start in range(0, n, chunk):
+        idx = start + np.flatnonzero(member[start: start + chunk])
+        if len(idx) == 0:
+            continue
+        x = source.features(idx).astype(np.float32).reshape(len(idx), width).astype(np.float64)
+        if how == "standard":
+            k, m = len(x), x.mean(axis=0)
+            delta, total = m - mean, count + len(x)
+            m2 += ((x - m) ** 2).sum(axis=0) + delta ** 2 * count * k / total
+            mean += delta * k / total
+            count = total
+        else:
+            lo, hi = np.minimum(lo, x.min(axis=0)), np.maximum(hi, x.max(axis=0))
+    if how == "standard":
+        shift, scale = mean, np.sqrt(m2 / count)
+    else:
+        shift, scale = lo, hi - lo
+    scale = np.where(scale > 0, scale, 1.0)
+    shift, scale = shift.astype(np.float32), scale.astype(np.float32)
+    if cache is not None:
+        _write_quietly(cache, np.stack([shift, scale]))
+    return shift, scale
+
+
+def _stats_cache(how: str, source: Source, split_key: list[Any] | None) -> Path | None:
+    identity, where = source.identity(), source.cache_dir()
+    if identity is None or where is None or split_key is None:
+        return None
+    key = hashlib.sha256(json.dumps([identity, how, split_key]).encode()).hexdigest()[:20]
+    return where / f".hvtrain-norm-{key}.npy"
+
+
+def _write_quietly(path: Path, array: np.ndarray) -> None:
+    """A cache file: written atomically, and skipped where the data directory is read-only."""
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as fh:
+            np.save(fh, array, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
@@ -91,20 +292,19 @@ def _load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
             raise cfg.fail("data.dataset", f"expected {kind}:PATH, got {cfg.data.dataset!r}")
         path = _resolve(cfg, arg)
         return _read_csv(cfg, path) if kind == "csv" else _read_npz(cfg, path)
-    raise cfg.fail("data.dataset", f"expected sklearn:NAME, synthetic:classification|regression, csv:PATH or "
-                   f"npz:PATH, got {cfg.data.dataset!r}")
+    raise cfg.fail("data.dataset", f"expected sklearn:NAME, synthetic:classification|regression, csv:PATH, "
+                   f"npz:PATH, npy:DIR or shards:GLOB, got {cfg.data.dataset!r}")
 
 
-def _resolve(cfg: Config, arg: str) -> Path:
+def _resolve(cfg: Config, arg: str, directory: bool = False) -> Path:
     """Relative paths: the working directory first, then the config file's directory."""
     path = Path(arg)
     candidates = [path] if path.is_absolute() else [path, Path(cfg.source).parent / path]
     for c in candidates:
-        if c.is_file():
+        if c.is_dir() if directory else c.is_file():
             return c
     tried = " or ".join(str(c) for c in candidates)
-    raise cfg.fail("data.dataset", f"dataset file not found: {tried}")
-
+    raise cfg.fail("data.dataset", f"dataset {'directory' if directory else 'file'} not found: {tried}")
 
 def _synthetic(cfg: Config, task: str) -> tuple[np.ndarray, np.ndarray]:
     d = cfg.data
@@ -161,15 +361,6 @@ def _read_npz(cfg: Config, path: Path) -> tuple[np.ndarray, np.ndarray]:
     if len(x) != len(y):
         raise DataError(f"{path}: x has {len(x)} samples but y has {len(y)}")
     return x, y
-
-
-def _normalize(how: str, x_train: np.ndarray, x_val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if how == "standard":
-        shift, scale = x_train.mean(axis=0), x_train.std(axis=0)
-    else:
-        shift, scale = x_train.min(axis=0), x_train.max(axis=0) - x_train.min(axis=0)
-    scale = np.where(scale > 0, scale, 1.0)
-    return ((x_train - shift) / scale).astype(np.float32), ((x_val - shift) / scale).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- sharding

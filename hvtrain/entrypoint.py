@@ -8,18 +8,40 @@ from typing import Any
 import numpy as np
 
 from hvtrain.config import Config
-from hvtrain.errors import DataError
+from hvtrain.errors import DataError, HvtrainError
 
 
-def load_entrypoint(cfg: Config, expected: type, what: str) -> Any:
-    """Call the configured `package.module:function` (the only user code hvtrain imports) and check
-    that it returned an `expected` model (`what` names it in the error)."""
-    module_name, _, func_name = cfg.model.entrypoint.partition(":")
+def call_entrypoint(cfg: Config, key: str) -> Any:
+    """Import and call `cfg.<key>.entrypoint` (`package.module:function`, the only user code hvtrain
+    imports) with `cfg.<key>.kwargs`. `key` is "model" or "data".
+
+    Raises:
+        ConfigError: the import fails or the function raises; located at `<key>.entrypoint`.
+    """
+    section = getattr(cfg, key)
+    spec = section.entrypoint
+    module_name, _, func_name = spec.partition(":")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
     except (ImportError, AttributeError) as exc:
-        raise cfg.fail("model.entrypoint", f"cannot import {cfg.model.entrypoint!r}: {exc}") from None
-    model = func(**cfg.model.kwargs)
+        raise cfg.fail(f"{key}.entrypoint", f"cannot import {spec!r}: {exc}") from None
+    try:
+        return func(**section.kwargs)
+    except Exception as exc:  # noqa: BLE001 - user code: any failure is reported, located
+        raise cfg.fail(f"{key}.entrypoint", f"{spec} raised {type(exc).__name__}: {exc}") from None
+
+
+def load_entrypoint(cfg: Config, expected: type, what: str) -> Any:
+    """The native model: from hvtrain.train(model=...) or the configured model.entrypoint; checks
+    that it is an `expected` model (`what` names it in the error)."""
+    factory = cfg.model.factory
+    if factory is not None:
+        try:
+            model = factory()
+        except Exception as exc:  # noqa: BLE001 - user code: any failure is reported, located
+            raise HvtrainError(f"model= ({cfg.model.entrypoint}) raised {type(exc).__name__}: {exc}") from None
+    else:
+        model = call_entrypoint(cfg, "model")
     if not isinstance(model, expected):
         raise cfg.fail("model.entrypoint", f"expected the function to return a {what} for backend "
                        f"{cfg.backend}, got {type(model).__name__}")

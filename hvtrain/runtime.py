@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain.dist import ProcessInfo, horovod_env, launched_with_gloo
+from hvtrain.errors import HvtrainError
 
 
 class Runtime:
@@ -55,7 +56,15 @@ class Runtime:
         self.elastic = elastic
         os.environ.update(horovod_env(horovod_cfg.cycle_time_ms, horovod_cfg.fusion_threshold_mb, elastic))
         self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
-        self.hvd.init(comm=comm, process_sets=self.process_sets or None)
+        if self.hvd.is_initialized():
+            # A later session in the same process (the Python API: train, then evaluate or predict)
+            # reuses Horovod: re-initialising after hvd.shutdown segfaults in 0.28.1 with an explicit
+            # fusion threshold, and an MPI that Horovod finalised cannot start again.
+            if groups or elastic:
+                raise HvtrainError("a pipeline with data-parallel replicas (Horovod process sets) or an elastic "
+                                   "run must be the first hvtrain session of its process; run it in a new process")
+        else:
+            self.hvd.init(comm=comm, process_sets=self.process_sets or None)
         self.info = self._read_info("gloo" if elastic or (self.hvd.gloo_enabled() and launched_with_gloo()) else "mpi")
         return self.info
 
@@ -73,9 +82,6 @@ class Runtime:
     def distributed(self) -> bool:
         """Gradients go through Horovod: several ranks now, or an elastic world that may grow."""
         return self.info.size > 1 or self.elastic
-
-    def shutdown(self) -> None:
-        self.hvd.shutdown()
 
     def abort(self, code: int) -> None:
         """End every rank now. MPI: MPI_Abort (the launcher kills the job). Gloo: exit this process

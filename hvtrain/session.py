@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,15 +30,20 @@ class Prepared:
     data: Dataset
 
 
-def prepare(config_path: str, backend: str | None = None, output_dir: str | None = None,
-            overrides: Sequence[str] = ()) -> Prepared:
-    """Load and check a config and its data. Raises HvtrainError subclasses on bad input."""
+ConfigSource = str | Path | Mapping[str, Any] | Config
+
+
+def prepare(config: ConfigSource, backend: str | None = None, output_dir: str | None = None,
+            overrides: Sequence[str] = (), model: Any = None, data: Any = None) -> Prepared:
+    """Load and check a config (a YAML path, a mapping or a Config) and its data; `model` and `data`
+    are the Python API's native-model callable and arrays/random-access object. Raises HvtrainError
+    subclasses on bad input."""
     extra = list(overrides)
     backend = setting(backend, "HVTRAIN_BACKEND")
     output_dir = setting(output_dir, "HVTRAIN_OUTPUT_DIR")
     if backend is not None:
         extra.append(f"backend={backend}")
-    cfg = load_config(config_path, extra)
+    cfg = load_config(config, extra, model=model, data=data)
     if output_dir is not None:  # a path, taken as written (not parsed as YAML)
         cfg.output_dir = output_dir
     spec = build_spec(cfg) if cfg.model.entrypoint is None else None
@@ -48,11 +54,11 @@ def prepare(config_path: str, backend: str | None = None, output_dir: str | None
     return Prepared(cfg, spec, data)
 
 
-def train(config_path: str, backend: str | None = None, output_dir: str | None = None,
+def train(config: ConfigSource, backend: str | None = None, output_dir: str | None = None,
           overrides: Sequence[str] = (), quiet: bool = False, resume: str | None = None,
-          elastic: bool = False) -> dict[str, Any]:
+          elastic: bool = False, model: Any = None, data: Any = None) -> dict[str, Any]:
     """Train one experiment on this process's rank: data parallel, pipelined or hybrid, one loop."""
-    p = prepare(config_path, backend, output_dir, overrides)
+    p = prepare(config, backend, output_dir, overrides, model, data)
     if elastic and resume is not None:
         raise ConfigError("--elastic and --resume cannot be combined: elastic state is committed in memory "
                           "and restored by Horovod; resume a non-elastic run from its checkpoints instead")
@@ -115,9 +121,7 @@ class Session:
     def __exit__(self, kind, exc, tb) -> bool:
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)) and self.runtime.info.size > 1:
             _end_job(self.runtime, exc)
-        if exc is None:
-            self.runtime.shutdown()
-        return False
+        return False  # Horovod stays up for a later session of this process; it shuts down at exit
 
     def fit(self, p: Prepared, quiet: bool, resume: str | None) -> dict[str, Any]:
         from hvtrain.checkpoint import CheckpointManager
@@ -210,40 +214,68 @@ def fingerprints(p: Prepared) -> dict[str, str]:
     cfg = dict(p.cfg.to_dict())
     cfg.pop("output_dir", None)
 
-    def digest(*arrays: np.ndarray) -> str:
-        h = hashlib.sha256()
-        for a in arrays:
-            h.update(str(a.shape).encode() + a.dtype.str.encode())
-            h.update(np.ascontiguousarray(a).tobytes())
-        return h.hexdigest()[:16]
-
     model = [(w.name, w.shape) for w in p.spec.weight_specs()] if p.spec else [p.cfg.model.entrypoint]
     return {"config": hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16],
-            "data": digest(p.data.x_train, p.data.y_train, p.data.x_val, p.data.y_val),
+            "data": p.data.fingerprint(),
             "model": hashlib.sha256(repr(model).encode()).hexdigest()[:16]}
 
 
-def evaluate(config_path: str, weights_path: str, backend: str | None = None, output_dir: str | None = None,
-             overrides: Sequence[str] = ()) -> dict[str, Any]:
+def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None, output_dir: str | None = None,
+             overrides: Sequence[str] = (), model: Any = None, data: Any = None) -> dict[str, Any]:
     """Validation metrics of saved weights (any backend's), reduced across ranks; writes eval.json."""
     from hvtrain.output import Reporter
-    from hvtrain.steps import DataParallelSteps
     from hvtrain.trainer import metrics_from_sums
 
-    p = prepare(config_path, backend, output_dir, overrides)
-    weights = load_weights(weights_path)
-    if p.spec is not None:
-        check_weights(p.spec, weights, weights_path)
-    with Session(p.cfg, p.spec, pipelined=False) as s:  # saved weights evaluate whole, on any world size
-        s.backend.build(p.cfg, p.spec, weights, p.data.num_outputs, s.runtime)
-        total = s.runtime.allreduce_sum(DataParallelSteps(s.backend, s.runtime).eval_sums(p.data))
+    p = prepare(config, backend, output_dir, overrides, model, data)
+    with _loaded(p, weights_path) as (s, steps):
+        total = s.runtime.allreduce_sum(steps.eval_sums(p.data.val))
         metrics = metrics_from_sums(p.cfg, total)
-        result = {"config": config_path, "weights": weights_path, "backend": p.cfg.backend,
+        result = {"config": p.cfg.source, "weights": weights_path, "backend": p.cfg.backend,
                   "world_size": s.info.size, **{f"val_{k}": v for k, v in metrics.items()}}
         reporter = Reporter(s.info, p.cfg.out_dir, keep_metrics=True)
         reporter.write_json("eval.json", result)
         reporter.print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
         return result
+
+
+def predict(config: ConfigSource, weights_path: str, x: np.ndarray, backend: str | None = None,
+            overrides: Sequence[str] = (), model: Any = None, data: Any = None) -> np.ndarray:
+    """The model's outputs (logits for classification losses) for raw features `x`, as the dataset
+    stores them: normalised with the training split's statistics and reshaped like training
+    batches. Under several ranks each predicts its share and every rank returns all rows, in order."""
+    p = prepare(config, backend, None, overrides, model, data)
+    x = np.asarray(x)
+    if x.ndim == 1 and p.data.train.source.feature_shape == (1,):  # one feature per sample, stored 1-D
+        x = x.reshape(len(x), 1)
+    if x.ndim == 0 or len(x) == 0:
+        raise DataError(f"predict: expected at least one row of features, got an array of shape {list(x.shape)}")
+    if tuple(x.shape[1:]) != tuple(p.data.train.source.feature_shape):
+        raise DataError(f"predict: x has rows of shape {list(x.shape[1:])}, the dataset's features are "
+                        f"{list(p.data.train.source.feature_shape)}")
+    with _loaded(p, weights_path) as (s, _):
+        mine = np.arange(s.info.rank, len(x), s.info.size)
+        transform = p.data.train.transform
+        outs = [s.backend.predict(transform(x[mine[i: i + 1024]])) for i in range(0, len(mine), 1024)]
+        parts = s.runtime.allgather_object(np.concatenate(outs) if outs else None)
+        width = next(a.shape[1:] for a in parts if a is not None)
+        result = np.empty((len(x),) + width, np.float32)
+        for rank, part in enumerate(parts):
+            if part is not None:
+                result[rank::s.info.size] = part
+        return result
+
+
+@contextmanager
+def _loaded(p: Prepared, weights_path: str) -> Iterator[tuple[Session, Any]]:
+    """A session whose whole model holds saved weights (any world size; pipelines load whole)."""
+    from hvtrain.steps import DataParallelSteps
+
+    weights = load_weights(weights_path)
+    if p.spec is not None:
+        check_weights(p.spec, weights, weights_path)
+    with Session(p.cfg, p.spec, pipelined=False) as s:
+        s.backend.build(p.cfg, p.spec, weights, p.data.num_outputs, s.runtime)
+        yield s, DataParallelSteps(s.backend, s.runtime)
 
 
 def load_weights(path: str) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hvtrain.data import Batch, Dataset, shard_eval
+from hvtrain.data import Batch, Split, shard_eval
 
 if TYPE_CHECKING:
     from hvtrain.backend import Backend
@@ -30,6 +30,8 @@ class StepRunner(ABC):
     replicas: int  # data-parallel width
     shard: str  # the part of the training state this rank holds (checkpoint shard name)
     owns_shard: bool  # the first rank holding `shard` (writes it into checkpoints and final weights)
+    needs_x: bool = True  # whether train_batch reads the batch's features (a pipeline's first stage)
+    needs_y: bool = True  # ... and its labels (a pipeline's last stage)
 
     @abstractmethod
     def describe(self) -> str:
@@ -39,17 +41,18 @@ class StepRunner(ABC):
     def set_lr(self, lr: float) -> None: ...
 
     @abstractmethod
-    def train_batch(self, data: Dataset, batch: Batch) -> bool:
-        """Forward/backward this rank's share of a micro-batch; update when `batch.apply`.
-        False when a loss this rank computed was not finite (and `train.on_nan` is stop)."""
+    def train_batch(self, batch: Batch, x: np.ndarray | None, y: np.ndarray | None) -> bool:
+        """Forward/backward this rank's share of a micro-batch (its features and labels, None where
+        `needs_x`/`needs_y` is False); update when `batch.apply`. False when a loss this rank
+        computed was not finite (and `train.on_nan` is stop)."""
 
     @abstractmethod
     def loss_sum(self, reset: bool = False) -> float:
         """This rank's part of the global sum of weighted training losses since the last reset."""
 
     @abstractmethod
-    def eval_sums(self, data: Dataset) -> np.ndarray:
-        """This rank's part of [loss, correct, squared error, absolute error, count] over validation."""
+    def eval_sums(self, split: Split) -> np.ndarray:
+        """This rank's part of [loss, correct, squared error, absolute error, count] over `split`."""
 
     @abstractmethod
     def get_state(self) -> dict[str, np.ndarray]: ...
@@ -94,19 +97,17 @@ class DataParallelSteps(StepRunner):
     def set_lr(self, lr: float) -> None:
         self.backend.set_lr(lr)
 
-    def train_batch(self, data: Dataset, batch: Batch) -> bool:
-        idx = batch.indices
-        return self.backend.train_step(data.x_train[idx], data.y_train[idx], batch.weights, batch.apply)
+    def train_batch(self, batch: Batch, x: np.ndarray | None, y: np.ndarray | None) -> bool:
+        return self.backend.train_step(x, y, batch.weights, batch.apply)
 
     def loss_sum(self, reset: bool = False) -> float:
         return self.backend.loss_sum(reset)
 
-    def eval_sums(self, data: Dataset) -> np.ndarray:
-        idx = shard_eval(len(data.x_val), self.replica, self.replicas)
+    def eval_sums(self, split: Split) -> np.ndarray:
+        idx = shard_eval(len(split), self.replica, self.replicas)
         sums = np.zeros(4, np.float64)
         for start in range(0, len(idx), EVAL_BATCH):
-            chunk = idx[start: start + EVAL_BATCH]
-            sums += self.backend.eval_batch(data.x_val[chunk], data.y_val[chunk])
+            sums += self.backend.eval_batch(*split.take(idx[start: start + EVAL_BATCH]))
         return np.concatenate([sums, [len(idx)]])
 
     def get_state(self) -> dict[str, np.ndarray]:

@@ -21,6 +21,7 @@ from hvtrain.checkpoint import CheckpointManager, decode, encode
 from hvtrain.config import Config
 from hvtrain.data import Dataset, epoch_permutation, shard_batches, steps_per_epoch
 from hvtrain.errors import HvtrainError
+from hvtrain.loader import Prefetcher
 from hvtrain.output import Reporter
 from hvtrain.runtime import Runtime
 from hvtrain.spec import ModelSpec
@@ -78,6 +79,9 @@ class Run:
     runtime: Runtime
     reporter: Reporter
     checkpoints: CheckpointManager
+    data_wait: float = 0.0  # seconds this rank's training thread waited for batches
+    steps_done: int = 0  # optimizer steps taken in all (across resumes)
+    stopped_early: bool = False  # train.max_steps ended the run before its last epoch's end
 
 
 def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, Any]:
@@ -114,59 +118,79 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
     cfg, data, steps, reporter, info = run.cfg, run.data, run.steps, run.reporter, run.runtime.info
     b, acc = cfg.data.batch_size, cfg.train.grad_accumulation
     global_batch = b * steps.replicas
-    n_steps = steps_per_epoch(len(data.x_train), b, steps.replicas, acc)
+    n_train = len(data.train)
+    n_steps = steps_per_epoch(n_train, b, steps.replicas, acc)
     schedule = LRSchedule(cfg, steps.replicas, n_steps)
     reporter.print(f"hvtrain {__version__}: {cfg.name} on {cfg.backend}, {info.size} rank(s) [{info.controller}], "
-                   f"{steps.describe()}, {len(data.x_train)} train / {len(data.x_val)} val samples, "
+                   f"{steps.describe()}, {data.name}: {n_train} train / {len(data.val)} val samples, "
                    f"global batch {global_batch * acc}, {n_steps} steps/epoch"
                    + (f", {run.spec.param_count:,} parameters" if run.spec else ""))
     current_lr = None
     step = pos.step
     result = None
     every, by_step = cfg.train.checkpoint_every, cfg.train.checkpoint_unit == "step"
+    limit = cfg.train.max_steps or None
+    run.steps_done = step
     for epoch in range(pos.epoch, cfg.train.epochs):
+        if limit is not None and step >= limit:
+            run.stopped_early = True
+            break
         started = time.perf_counter()
         offset = pos.offset if epoch == pos.epoch else 0
         carried = pos.loss_sum if epoch == pos.epoch and info.is_main else 0.0
         first_steps = epoch_steps = pos.epoch_steps if epoch == pos.epoch else 0  # steps done in this epoch
-        order = epoch_permutation(len(data.x_train), cfg.seed, epoch, cfg.data.shuffle)[offset:]
+        order = epoch_permutation(n_train, cfg.seed, epoch, cfg.data.shuffle)[offset:]
         steps.loss_sum(reset=True)
         bar = reporter.progress(n_steps, f"epoch {epoch + 1}/{cfg.train.epochs}")
         micro = 0
-        for batch in shard_batches(order, b, steps.replica, steps.replicas, acc):
-            lr = schedule(step)
-            if lr != current_lr:
-                steps.set_lr(lr)
-                current_lr = lr
-            if not steps.train_batch(data, batch) and cfg.train.on_nan == "stop":
-                raise HvtrainError(f"non-finite loss at epoch {epoch + 1}, step {step + 1} on rank {info.rank} "
-                                   "(train.on_nan: stop; set train.on_nan: skip to skip such updates)")
-            micro += 1
-            if not batch.apply:
-                continue
-            step += 1
-            epoch_steps += 1
-            bar.update()
-            if reporter.enabled and step % cfg.train.log_every == 0:
-                rate = (epoch_steps - first_steps) * global_batch * acc / (time.perf_counter() - started)
-                bar.set_postfix_str(f"{rate:,.0f} samples/s")
-            consumed = offset + micro * global_batch
-            save = by_step and every and step % every == 0
-            sync = commit is not None and step % cfg.train.elastic_commit_every == 0
-            if (save or sync) and consumed < len(data.x_train):  # else the epoch end handles it
-                loss = float(run.runtime.allreduce_sum(np.array([carried + steps.loss_sum()]))[0])
-                position = Position(epoch, step, consumed, loss, epoch_steps)
-                if save:
-                    _checkpoint(run, position)
-                if sync:
-                    commit(position)
+        batches = shard_batches(order, b, steps.replica, steps.replicas, acc)
+        with Prefetcher(data.train, batches, cfg.data.prefetch, steps.needs_x, steps.needs_y) as loader:
+            for batch, x, y in loader:
+                lr = schedule(step)
+                if lr != current_lr:
+                    steps.set_lr(lr)
+                    current_lr = lr
+                if not steps.train_batch(batch, x, y) and cfg.train.on_nan == "stop":
+                    raise HvtrainError(f"non-finite loss at epoch {epoch + 1}, step {step + 1} on rank {info.rank} "
+                                       "(train.on_nan: stop; set train.on_nan: skip to skip such updates)")
+                micro += 1
+                if not batch.apply:
+                    continue
+                step += 1
+                run.steps_done = step
+                epoch_steps += 1
+                bar.update()
+                if reporter.enabled and step % cfg.train.log_every == 0:
+                    rate = (epoch_steps - first_steps) * global_batch * acc / (time.perf_counter() - started)
+                    bar.set_postfix_str(f"{rate:,.0f} samples/s")
+                consumed = min(n_train, offset + micro * global_batch)
+                stop = limit is not None and step >= limit
+                save = by_step and every and step % every == 0 or stop and every
+                sync = commit is not None and step % cfg.train.elastic_commit_every == 0
+                if (save or sync) and consumed < n_train:  # else the epoch end handles it
+                    loss = float(run.runtime.allreduce_sum(np.array([carried + steps.loss_sum()]))[0])
+                    position = Position(epoch, step, consumed, loss, epoch_steps)
+                    if save:
+                        _checkpoint(run, position)
+                    if sync:
+                        commit(position)
+                if stop:
+                    break
+            run.data_wait += loader.wait_seconds
         bar.close()
         train_seconds = time.perf_counter() - started
+        consumed = min(n_train, offset + micro * global_batch)
         val, (loss_total,) = evaluate(run, extra=[steps.loss_sum() + carried])
         result = EpochResult(epoch + 1, loss_total / max(1, epoch_steps), val,
-                             (len(data.x_train) - offset) / train_seconds, time.perf_counter() - started)
+                             (consumed - offset) / train_seconds, time.perf_counter() - started)
+        if consumed < n_train:  # stopped by train.max_steps inside the epoch
+            run.stopped_early = True
+            record_epoch(run, result, current_lr, partial=True)
+            reporter.print(f"stopped at train.max_steps={limit} (epoch {epoch + 1}, {consumed} of {n_train} samples)")
+            break
         record_epoch(run, result, current_lr)
-        if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0):
+        stop = limit is not None and step >= limit
+        if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0 or stop):
             _checkpoint(run, Position(epoch + 1, step))
         if commit is not None:
             commit(Position(epoch + 1, step))
@@ -182,7 +206,7 @@ def evaluate(run: Run, extra: list[float] | None = None) -> tuple[dict[str, floa
     """Validation metrics over every validation sample exactly once across replicas, and the
     `extra` values summed over ranks in the same allreduce. Every rank gets the same figures."""
     extra = list(extra or [])
-    total = run.runtime.allreduce_sum(np.concatenate([run.steps.eval_sums(run.data), extra]))
+    total = run.runtime.allreduce_sum(np.concatenate([run.steps.eval_sums(run.data.val), extra]))
     return metrics_from_sums(run.cfg, total[:5]), [float(v) for v in total[5:]]
 
 
@@ -197,12 +221,13 @@ def metrics_from_sums(cfg: Config, total: np.ndarray) -> dict[str, float]:
     return out
 
 
-def record_epoch(run: Run, result: EpochResult, lr: float | None) -> None:
-    """One metrics.jsonl line and one printed line per epoch."""
+def record_epoch(run: Run, result: EpochResult, lr: float | None, partial: bool = False) -> None:
+    """One metrics.jsonl line and one printed line per epoch (`partial`: cut short by max_steps;
+    a resumed run rewrites that epoch whole)."""
     run.reporter.append_metrics({"epoch": result.epoch, "train_loss": result.train_loss,
                                  **{f"val_{k}": v for k, v in result.val.items()},
                                  "samples_per_sec": result.samples_per_sec, "lr": lr,
-                                 "world_size": run.runtime.info.size})
+                                 "world_size": run.runtime.info.size, **({"partial": True} if partial else {})})
     run.reporter.print(epoch_line(run.cfg, result))
 
 
@@ -231,19 +256,31 @@ def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any
                            "same model); the run's outputs were not written")
     layout = run.steps.summary()
     per_rank = run.runtime.allgather_object(layout.pop("rank", None)) if "rank" in layout else None
+    usage = run.runtime.allgather_object((peak_rss_mb(), run.data_wait))
     run.reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, run.spec))
     summary = {
         "name": cfg.name, "backend": cfg.backend, "world_size": info.size, "controller": info.controller,
         "epochs": cfg.train.epochs, "train_loss": result.train_loss if result else None,
         **({f"val_{k}": v for k, v in result.val.items()} if result else {}),
         "samples_per_sec": result.samples_per_sec if result else None,
+        "steps": run.steps_done, "max_steps": cfg.train.max_steps or None,
+        "stopped_at_max_steps": run.stopped_early,
         "total_seconds": time.perf_counter() - t0, "weights": WEIGHTS_FILE, "replicas_agree": agree,
+        "peak_rss_mb": {"max": max(u[0] for u in usage), "rank0": usage[0][0], "ranks": [u[0] for u in usage]},
+        "data_wait_seconds": {"max": max(u[1] for u in usage), "rank0": usage[0][1]},
         **({"pipeline": {**layout, "ranks": per_rank}} if per_rank is not None else {}),
         **extra, "hvtrain_version": __version__,
     }
     run.reporter.write_json("summary.json", summary)
     run.reporter.print(f"done in {summary['total_seconds']:.1f}s; outputs in {run.reporter.out_dir}")
     return summary
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size (Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def weight_metadata(cfg: Config, spec: ModelSpec | None) -> dict[str, str]:

@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hvtrain.config import Config
-from hvtrain.data import Batch, Dataset, shard_eval
+from hvtrain.data import Batch, Split, shard_eval
 from hvtrain.placement.plan import PipelinePlan
 from hvtrain.placement.stage import StageEngine
 from hvtrain.runtime import Runtime
@@ -69,6 +69,7 @@ class PipelineSteps(StepRunner):
         self.shard, self.owns_shard = f"stage{self.s}", self.replica == 0
         stage = plan.stages[self.s]
         self.first, self.last = self.s == 0, self.s == plan.num_stages - 1
+        self.needs_x, self.needs_y = self.first, self.last
         self.prev = None if self.first else rank - 1
         self.next = None if self.last else rank + 1
         self.in_shapes, self.out_shapes = stage.in_shapes, stage.out_shapes
@@ -103,7 +104,7 @@ class PipelineSteps(StepRunner):
     def set_lr(self, lr: float) -> None:
         self.engine.set_lr(lr)
 
-    def train_batch(self, data: Dataset, batch: Batch) -> bool:
+    def train_batch(self, batch: Batch, x: np.ndarray | None, y: np.ndarray | None) -> bool:
         from hvtrain.placement.schedule import stage_ops
 
         idx, w = batch.indices, batch.weights
@@ -112,9 +113,9 @@ class PipelineSteps(StepRunner):
         for kind, m in stage_ops(self.plan.schedule, self.plan.num_stages, self.s, len(chunks)):
             sel = chunks[m]
             if kind == "F":
-                xs = [data.x_train[idx[sel]]] if self.first else self._recv(self.prev, len(sel), self.in_shapes, 2 * m)
+                xs = [x[sel]] if self.first else self._recv(self.prev, len(sel), self.in_shapes, 2 * m)
                 if self.last:
-                    loss = self.engine.forward_loss(m, xs, data.y_train[idx[sel]], w[sel], self.scaler.scale)
+                    loss = self.engine.forward_loss(m, xs, y[sel], w[sel], self.scaler.scale)
                     finite = finite and bool(np.isfinite(loss))
                 else:
                     self._send(self.engine.forward(m, xs, padding=not w[sel].any()), self.next, 2 * m, sends)
@@ -140,15 +141,18 @@ class PipelineSteps(StepRunner):
     def loss_sum(self, reset: bool = False) -> float:
         return self.engine.loss_sum(reset) if self.last else 0.0
 
-    def eval_sums(self, data: Dataset) -> np.ndarray:
+    def eval_sums(self, split: Split) -> np.ndarray:
         """This replica's share of validation, pushed through the pipeline without gradients."""
-        idx = shard_eval(len(data.x_val), self.replica, self.replicas)
+        idx = shard_eval(len(split), self.replica, self.replicas)
         sums = np.zeros(4, np.float64)
         for k, start in enumerate(range(0, len(idx), EVAL_BATCH)):
             chunk = idx[start: start + EVAL_BATCH]
-            xs = [data.x_val[chunk]] if self.first else self._recv(self.prev, len(chunk), self.in_shapes, _EVAL_TAG + k)
+            if self.first:
+                xs = [split.features(chunk)]
+            else:
+                xs = self._recv(self.prev, len(chunk), self.in_shapes, _EVAL_TAG + k)
             if self.last:
-                sums += self.engine.eval_sums(xs, data.y_val[chunk])
+                sums += self.engine.eval_sums(xs, split.y[chunk])
             else:
                 self._send(self.engine.predict(xs), self.next, _EVAL_TAG + k)
         return np.concatenate([sums, [len(idx)]]) if self.last else np.zeros(5, np.float64)

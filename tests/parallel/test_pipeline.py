@@ -10,7 +10,10 @@ import pytest
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
 
 CFG = "examples/digits_pipeline.yaml"
-PLAIN = ["--set", "train.epochs=1", "--set", "optimizer.momentum=0", "--quiet"]  # N plain-SGD steps
+# N plain-SGD steps. minmax: digits under `standard` has pixels that are non-zero in one or two
+# samples (normalised to ~38), where a 1e-7 rounding difference of micro-batched matmuls can flip
+# a ReLU and leave 4e-4 between otherwise equal runs; the comparison is about the pipeline.
+PLAIN = ["--set", "train.epochs=1", "--set", "optimizer.momentum=0", "--set", "data.normalize=minmax", "--quiet"]
 
 
 def mpirun(np_: int, *args: str) -> list[str]:
@@ -63,7 +66,8 @@ def test_pipelined_weights_evaluate_on_one_process(runs, tmp_path):
     """final.safetensors of a hybrid run is the whole model: `hvtrain evaluate` of the pipeline
     config on one process (no plan needed) gives the run's own validation figures."""
     backend, base = runs
-    run(hvtrain("evaluate", CFG, "--backend", backend, "--weights", str(base / "hybrid/final.safetensors"),
+    run(hvtrain("evaluate", CFG, "--backend", backend, "--set", "data.normalize=minmax",
+                "--weights", str(base / "hybrid/final.safetensors"),
                 "--output-dir", str(tmp_path)))
     got = json.loads((tmp_path / "eval.json").read_text())
     s = summary(base / "hybrid")

@@ -59,8 +59,14 @@ def test_choice_error_lists_choices(tmp_path):
 
 
 def test_missing_required(tmp_path):
+    p = write(tmp_path, "data: {dataset: sklearn:iris}\nmodel: {input_shape: [4], layers: [{type: dense, units: 2}]}\n")
+    with pytest.raises(ConfigError, match="missing required key 'name'"):
+        load_config(p)
+
+
+def test_missing_data_names_both_ways_in(tmp_path):
     p = write(tmp_path, "name: t\nmodel: {input_shape: [4], layers: [{type: dense, units: 2}]}\n")
-    with pytest.raises(ConfigError, match="missing required key 'data'"):
+    with pytest.raises(ConfigError, match=r"exp.yaml: data: expected data.dataset or data.entrypoint"):
         load_config(p)
 
 
