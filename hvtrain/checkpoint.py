@@ -318,15 +318,16 @@ class CheckpointManager:
         return out
 
     def save(self, position: dict[str, Any], shard: str, owns_shard: bool, state: dict[str, np.ndarray],
-             replicas: int) -> None:
-        """One checkpoint at `position` (epoch, step, offset, loss_sum, epoch_steps). Every rank calls it."""
+             replicas: int) -> Path | None:
+        """One checkpoint at `position` (epoch, step, offset, loss_sum, epoch_steps). Every rank calls
+        it; rank 0 writes it and gets its path."""
         info = self.runtime.info
         share = {f"rng.rank{info.rank}.{k[4:]}": v for k, v in state.items() if k.startswith("rng.")}
         if owns_shard:
             share.update({f"shard.{shard}.{k}": v for k, v in state.items() if not k.startswith("rng.")})
         blobs = self.runtime.gather_bytes(encode(share))
         if not info.is_main:
-            return
+            return None
         tensors: dict[str, np.ndarray] = {}
         for blob in blobs:
             tensors.update(decode(blob))
@@ -335,3 +336,4 @@ class CheckpointManager:
                 "layout": self.layout, "config": self.cfg.to_dict(), "hvtrain_version": __version__}
         path = save(self.reporter.out_dir, tensors, meta, self.cfg.train.keep)
         self.reporter.print(f"checkpoint: {path} (epoch {position['epoch']}, step {position['step']})")
+        return path

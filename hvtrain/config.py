@@ -85,6 +85,7 @@ class TrainConfig:
     keep: int = 3  # newest checkpoints kept
     on_nan: Literal["stop", "skip"] = "stop"  # non-finite loss: stop with step and rank, or skip the update
     elastic_commit_every: int = 20  # --elastic: optimizer steps between in-memory state commits
+    signal_check_every: int = 10  # steps between world-wide checks for SIGTERM/SIGUSR1 (pre-emption)
 
 
 @dataclass
@@ -379,7 +380,8 @@ def _check(cfg: Config) -> None:
         raise cfg.fail("data.validation_split", f"expected 0 <= value < 1, got {d.validation_split}")
     for path, value in [("data.batch_size", d.batch_size), ("train.epochs", t.epochs),
                         ("train.grad_accumulation", t.grad_accumulation), ("train.log_every", t.log_every),
-                        ("train.elastic_commit_every", t.elastic_commit_every)]:
+                        ("train.elastic_commit_every", t.elastic_commit_every),
+                        ("train.signal_check_every", t.signal_check_every)]:
         if value < 1:
             raise cfg.fail(path, f"expected an integer >= 1, got {value}")
     if t.max_steps < 0:

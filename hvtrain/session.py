@@ -119,7 +119,10 @@ class Session:
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:
-        if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)) and self.runtime.info.size > 1:
+        from hvtrain.preempt import Preempted
+
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit, Preempted)) \
+                and self.runtime.info.size > 1:
             _end_job(self.runtime, exc)
         return False  # Horovod stays up for a later session of this process; it shuts down at exit
 
@@ -148,11 +151,15 @@ class Session:
             steps = PipelineSteps(cfg, self.plan, p.spec, engine, rt, self.comm)
             layout = stage_layout(self.plan)
         run = Run(cfg, p.spec, p.data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, layout))
+        write_manifest(cfg, rt, reporter, gather=not self.elastic)
         if self.elastic:
             from hvtrain.elastic import Elastic
 
             return fit(run, resume, Elastic(self.backend))
-        return fit(run, resume)
+        from hvtrain.preempt import StopSignals
+
+        with StopSignals() as run.signals:
+            return fit(run, resume)
 
 
 class _PreInit:
@@ -194,6 +201,19 @@ def _end_job(runtime, exc: BaseException) -> None:
 
     report_failure(runtime.info, exc)
     runtime.abort(exc.exit_code if isinstance(exc, HvtrainError) else 1)
+
+
+def write_manifest(cfg: Config, runtime, reporter, gather: bool = True) -> None:
+    """manifest.json (rank 0): versions, launcher, hosts (every rank's), knobs, config hash, git.
+    Elastic runs (`gather` False) list rank 0's host only: a joining worker must meet nothing but
+    Horovod's state sync, and the world changes anyway (metrics.jsonl has world_size per epoch)."""
+    import socket
+
+    from hvtrain.manifest import build
+
+    hosts = runtime.allgather_object(socket.gethostname()) if gather else [socket.gethostname()]
+    if runtime.info.is_main:
+        reporter.write_json("manifest.json", build(cfg, hosts, runtime.info.size))
 
 
 def check_agreement(p: Prepared, runtime) -> None:

@@ -23,6 +23,7 @@ from hvtrain.data import Dataset, epoch_permutation, shard_batches, steps_per_ep
 from hvtrain.errors import HvtrainError
 from hvtrain.loader import Prefetcher
 from hvtrain.output import Reporter
+from hvtrain.preempt import Preempted, StopSignals
 from hvtrain.runtime import Runtime
 from hvtrain.spec import ModelSpec
 from hvtrain.steps import StepRunner, digest
@@ -82,6 +83,7 @@ class Run:
     data_wait: float = 0.0  # seconds this rank's training thread waited for batches
     steps_done: int = 0  # optimizer steps taken in all (across resumes)
     stopped_early: bool = False  # train.max_steps ended the run before its last epoch's end
+    signals: StopSignals | None = None  # SIGTERM/SIGUSR1 seen by this rank (pre-emption); None: not watched
 
 
 def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, Any]:
@@ -164,6 +166,8 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                     rate = (epoch_steps - first_steps) * global_batch * acc / (time.perf_counter() - started)
                     bar.set_postfix_str(f"{rate:,.0f} samples/s")
                 consumed = min(n_train, offset + micro * global_batch)
+                if run.signals is not None and step % cfg.train.signal_check_every == 0 and commit is None:
+                    _preempt_if_signalled(run, Position(epoch, step, consumed, carried, epoch_steps))
                 stop = limit is not None and step >= limit
                 save = by_step and every and step % every == 0 or stop and every
                 sync = commit is not None and step % cfg.train.elastic_commit_every == 0
@@ -197,9 +201,23 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
     return result
 
 
-def _checkpoint(run: Run, pos: Position) -> None:
-    run.checkpoints.save(asdict(pos), run.steps.shard, run.steps.owns_shard, run.steps.get_state(),
-                         run.steps.replicas)
+def _checkpoint(run: Run, pos: Position) -> Any:
+    return run.checkpoints.save(asdict(pos), run.steps.shard, run.steps.owns_shard, run.steps.get_state(),
+                                run.steps.replicas)
+
+
+def _preempt_if_signalled(run: Run, pos: Position) -> None:
+    """One allreduce: did any rank get SIGTERM/SIGUSR1? Then every rank checkpoints at this same step
+    (an epoch's last step too: the resumed run evaluates it) and raises Preempted."""
+    mine = 1.0 if run.signals.received else 0.0
+    if run.runtime.allreduce_sum(np.array([mine]), name="hvtrain.preempt")[0] == 0:
+        return
+    loss = float(run.runtime.allreduce_sum(np.array([pos.loss_sum + run.steps.loss_sum()]))[0])
+    path = _checkpoint(run, Position(pos.epoch, pos.step, pos.offset, loss, pos.epoch_steps))
+    message = (f"preempted at epoch {pos.epoch + 1} step {pos.step}: checkpoint {path}; resume with --resume auto"
+               if path else "preempted")
+    run.reporter.notice(message)
+    raise Preempted(message)
 
 
 def evaluate(run: Run, extra: list[float] | None = None) -> tuple[dict[str, float], list[float]]:

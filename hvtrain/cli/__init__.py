@@ -14,8 +14,12 @@ class _Group(click.Group):
     """Maps HvtrainError to one line on stderr and its exit code (2): no traceback."""
 
     def invoke(self, ctx: click.Context):
+        from hvtrain.preempt import Preempted
+
         try:
             return super().invoke(ctx)
+        except Preempted as exc:  # rank 0 said where it stopped; every rank exits with the documented code
+            ctx.exit(exc.exit_code)
         except HvtrainError as exc:
             _report_error(str(exc))
             ctx.exit(exc.exit_code)

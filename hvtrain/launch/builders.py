@@ -77,3 +77,19 @@ def build_mpirun(req: LaunchRequest, flavour: str, env: Mapping[str, str]) -> tu
                           "(see `hvtrain doctor`)")
     argv += list(req.extra) + list(req.command)
     return argv, dict(env)
+
+
+def build_srun(req: LaunchRequest, env: Mapping[str, str],
+               mpi_types: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """srun inside a Slurm allocation (sites where mpirun is not allowed): Slurm places the tasks
+    on the allocation's nodes itself; `--mpi=pmix` when this Slurm offers it (`mpi_types`, from
+    `srun --mpi=list`), so OpenMPI's ranks find each other through PMIx."""
+    check_slots(req.np, req.hosts)
+    if req.gloo:
+        raise LaunchError("--gloo is a horovodrun option; srun starts MPI ranks")
+    argv = [req.launcher_path or "srun", "--ntasks", str(req.np), "--export=ALL"]
+    pmix = [t for t in mpi_types if t.startswith("pmix")]
+    if pmix:
+        argv.append("--mpi=pmix")
+    argv += list(req.extra) + list(req.command)
+    return argv, dict(env)

@@ -1,0 +1,174 @@
+"""Hosts and slots from the batch scheduler's allocation: Slurm, PBS/Torque, LSF.
+
+Read from the environment a job step sees; nothing is guessed from host names. Slurm node lists
+are expanded by `scontrol show hostnames` when it is on PATH (the scheduler's own answer), else
+by python-hostlist (a maintained parser of the same syntax: `node[01-04,07]`, `a[1-2]-ib[3-4]`,
+comma lists). Every host goes through hostfile.validate_host before it reaches a launcher argv.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hvtrain.errors import HostfileError
+from hvtrain.launch.hostfile import HostSlots, validate_host
+
+SLURM_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+PBS_VARS = ("PBS_NODEFILE",)
+LSF_VARS = ("LSB_DJOB_HOSTFILE", "LSB_MCPU_HOSTS")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    scheduler: str  # slurm | pbs | lsf
+    hosts: list[HostSlots]
+    variables: dict[str, str] = field(default_factory=dict)  # what was read, for `hosts check`
+    notes: tuple[str, ...] = ()  # decisions worth telling (a dropped launch node, the expander used)
+
+    @property
+    def slots(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+
+def detect(env: Mapping[str, str] | None = None, scontrol: str | None = None) -> Allocation | None:
+    """The allocation this process runs in, or None outside any (Slurm first, then PBS, then LSF).
+
+    Raises:
+        HostfileError: a scheduler variable is present but malformed (names the variable).
+    """
+    env = os.environ if env is None else env
+    if any(env.get(v) for v in SLURM_VARS):
+        return _slurm(env, shutil.which("scontrol") if scontrol is None else scontrol)
+    if env.get("PBS_NODEFILE"):
+        return _pbs(env)
+    if env.get("LSB_DJOB_HOSTFILE") or env.get("LSB_MCPU_HOSTS"):
+        return _lsf(env)
+    return None
+
+
+def require(env: Mapping[str, str] | None = None) -> Allocation:
+    found = detect(env)
+    if found is None:
+        names = ", ".join(SLURM_VARS + PBS_VARS + LSF_VARS)
+        raise HostfileError(f"no scheduler allocation found in the environment (looked for {names}); "
+                            "give --hostfile or -H, or run inside a Slurm, PBS or LSF job")
+    return found
+
+
+# ----------------------------------------------------------------------------- Slurm
+
+
+def _slurm(env: Mapping[str, str], scontrol: str | None) -> Allocation:
+    var = next(v for v in SLURM_VARS if env.get(v))
+    nodes, how = expand_nodelist(env[var], scontrol), ("scontrol show hostnames" if scontrol else "python-hostlist")
+    read = {var: env[var]}
+    slots_var = next((v for v in ("SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE") if env.get(v)), None)
+    if slots_var is None:
+        counts = [1] * len(nodes)
+    else:
+        read[slots_var] = env[slots_var]
+        counts = expand_counts(env[slots_var], slots_var)
+        if len(counts) != len(nodes):
+            raise HostfileError(f"{slots_var}={env[slots_var]!r} gives {len(counts)} node(s) but {var} lists "
+                                f"{len(nodes)}")
+    for extra in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+        if env.get(extra):
+            read[extra] = env[extra]
+    hosts = [HostSlots(validate_host(n, var), c, None, var) for n, c in zip(nodes, counts, strict=True)]
+    return Allocation("slurm", hosts, read, (f"node list expanded by {how}",
+                                             f"slots from {slots_var or 'one per node (no task count set)'}"))
+
+
+def expand_nodelist(text: str, scontrol: str | None = None) -> list[str]:
+    """A Slurm node list in any compressed form -> host names, in Slurm's order."""
+    if scontrol:
+        proc = subprocess.run([scontrol, "show", "hostnames", text], capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            raise HostfileError(f"scontrol show hostnames {text!r} failed: {proc.stderr.strip()}")
+        return proc.stdout.split()
+    import hostlist  # python-hostlist
+
+    try:
+        names = hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist as exc:
+        raise HostfileError(f"SLURM_JOB_NODELIST={text!r}: not a Slurm node list ({exc})") from None
+    if not names:
+        raise HostfileError(f"SLURM_JOB_NODELIST={text!r}: no hosts")
+    return names
+
+
+_COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def expand_counts(text: str, var: str = "SLURM_TASKS_PER_NODE") -> list[int]:
+    """Slurm's per-node counts: `2(x3),1` -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for item in text.split(","):
+        m = _COUNT.match(item.strip())
+        if not m or int(m.group(1)) < 1:
+            raise HostfileError(f"{var}={text!r}: expected counts like '2(x3),1', got {item!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+# ----------------------------------------------------------------------------- PBS / LSF
+
+
+def _per_slot_file(path: str, var: str) -> list[HostSlots]:
+    """One host name per line, one line per slot (PBS_NODEFILE, LSB_DJOB_HOSTFILE), order kept."""
+    try:
+        lines = Path(path).read_text().split()
+    except OSError as exc:
+        raise HostfileError(f"{var}={path}: cannot read ({exc.strerror})") from None
+    counts: dict[str, int] = {}
+    for name in lines:
+        counts[validate_host(name, f"{var} ({path})")] = counts.get(name, 0) + 1
+    if not counts:
+        raise HostfileError(f"{var}={path}: no hosts in the file")
+    return [HostSlots(h, n, None, var) for h, n in counts.items()]
+
+
+def _pbs(env: Mapping[str, str]) -> Allocation:
+    read = {k: env[k] for k in ("PBS_NODEFILE", "PBS_JOBID", "PBS_NP") if env.get(k)}
+    return Allocation("pbs", _per_slot_file(env["PBS_NODEFILE"], "PBS_NODEFILE"), read,
+                      ("slots: lines per host in PBS_NODEFILE",))
+
+
+def _lsf(env: Mapping[str, str]) -> Allocation:
+    """LSF lists the job's first execution host first. Where that is a separate launch (batch)
+    node, as on IBM CSM systems such as Summit and Lassen, it appears with one slot ahead of the
+    compute hosts and runs no ranks: it is dropped. LSB_DJOB_HOSTFILE is preferred (per slot)."""
+    read = {k: env[k] for k in ("LSB_DJOB_HOSTFILE", "LSB_MCPU_HOSTS", "LSB_JOBID") if env.get(k)}
+    if env.get("LSB_DJOB_HOSTFILE"):
+        hosts = _per_slot_file(env["LSB_DJOB_HOSTFILE"], "LSB_DJOB_HOSTFILE")
+    else:
+        tokens = env["LSB_MCPU_HOSTS"].split()
+        if len(tokens) % 2 or not all(t.isdigit() and int(t) > 0 for t in tokens[1::2]):
+            raise HostfileError(f"LSB_MCPU_HOSTS={env['LSB_MCPU_HOSTS']!r}: expected 'host N host N ...'")
+        hosts = [HostSlots(validate_host(h, "LSB_MCPU_HOSTS"), int(n), None, "LSB_MCPU_HOSTS")
+                 for h, n in zip(tokens[::2], tokens[1::2], strict=True)]
+    notes: tuple[str, ...] = ()
+    if len(hosts) > 1 and hosts[0].slots == 1 and all(h.slots > 1 for h in hosts[1:]):
+        notes = (f"dropped the launch node {hosts[0].host} (one slot ahead of the compute hosts)",)
+        hosts = hosts[1:]
+    return Allocation("lsf", hosts, read, notes)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def render(hosts: list[HostSlots], fmt: str) -> str:
+    """openmpi: `host slots=N` lines; mpich: `host:N` lines; horovod: `h:n,h:n` (one line)."""
+    if fmt == "openmpi":
+        return "".join(f"{h.host} slots={h.slots}\n" for h in hosts)
+    if fmt == "mpich":
+        return "".join(f"{h.host}:{h.slots}\n" for h in hosts)
+    if fmt == "horovod":
+        return ",".join(f"{h.host}:{h.slots}" for h in hosts) + "\n"
+    raise HostfileError(f"unknown format {fmt!r}; expected openmpi, horovod or mpich")

@@ -1,0 +1,93 @@
+"""manifest.json: what a cluster user needs to reproduce a run or file a bug.
+
+Versions (hvtrain, Horovod, the framework, MPI, Python), the launcher and its argv, hosts and
+slots (every rank says where it runs), world size, the Horovod knobs in effect, the scheduler
+job, the config hash and the git commit of the working directory when there is one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from hvtrain import __version__
+from hvtrain.config import Config
+from hvtrain.dist import elastic_launch, launched_with_gloo
+
+LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "horovodrun", "srun", "jsrun", "aprun")
+JOB_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "PBS_JOBID", "LSB_JOBID")
+
+
+def config_hash(cfg: Config) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def launcher() -> dict[str, Any]:
+    """The launcher this rank descends from (its command line when it runs on this host), else how
+    the environment says it was started."""
+    kind = ("horovodrun --gloo (elastic)" if elastic_launch() else "horovodrun --gloo" if launched_with_gloo()
+            else "mpirun" if "OMPI_COMM_WORLD_SIZE" in os.environ
+            else "srun" if "SLURM_STEP_ID" in os.environ else "pmi" if "PMI_RANK" in os.environ else "none")
+    try:
+        import psutil
+
+        for parent in psutil.Process().parents():
+            argv = parent.cmdline()
+            names = {parent.name()} | {os.path.basename(a) for a in argv[:2]}
+            hit = next((n for n in LAUNCHERS if n in names), None)
+            if hit:
+                return {"kind": kind, "name": hit, "argv": argv}
+    except Exception:  # noqa: BLE001 - best effort: another user's process, a vanished parent
+        pass
+    return {"kind": kind, "name": None, "argv": None}
+
+
+def git_commit(path: str = ".") -> dict[str, Any] | None:
+    try:
+        head = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def versions(backend: str) -> dict[str, str | None]:
+    """Horovod's and the framework's versions (both imported by now)."""
+    framework = {"torch": "torch", "tensorflow": "tensorflow"}.get(backend, backend)
+    return {"backend": backend,
+            "framework_version": getattr(sys.modules.get(framework), "__version__", None),
+            "horovod": getattr(sys.modules.get("horovod"), "__version__", None)}
+
+
+def build(cfg: Config, hosts: list[str], world_size: int) -> dict[str, Any]:
+    """The manifest (rank 0), given every rank's host name in rank order."""
+    from hvtrain.launch.mpi import detect
+
+    mpi = detect()
+    counts = Counter(hosts)
+    return {
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "hvtrain": __version__, "python": platform.python_version(), "platform": platform.platform(),
+        **versions(cfg.backend),
+        "mpi": {"flavour": mpi.flavour, "version": mpi.version, "mpirun": mpi.path},
+        "launcher": launcher(), "argv": sys.argv,
+        "world_size": world_size,
+        "hosts": [{"host": h, "slots": n} for h, n in counts.items()],
+        "rank_hosts": hosts,
+        "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
+        "scheduler": {k: os.environ[k] for k in JOB_VARS if k in os.environ},
+        "config_hash": config_hash(cfg),
+        "git": git_commit(os.getcwd()),
+        "host": socket.gethostname(),
+    }

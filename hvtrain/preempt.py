@@ -1,0 +1,48 @@
+"""Pre-emption and walltime: SIGTERM or SIGUSR1 (Slurm's `--signal=USR1@90`) stop every rank at
+one common step, with a checkpoint there.
+
+A handler only records the signal; the training loop asks every `train.signal_check_every` steps
+whether any rank has one (one allreduce of a flag), so a signal that reached a single rank, or
+only the launcher (`hvtrain launch` passes it on), stops the whole job at the same step. The job
+then writes a checkpoint (atomically: a second signal during the write cannot harm the previous
+one), rank 0 prints where it stopped, and every rank exits with PREEMPTED_EXIT.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from hvtrain.errors import HvtrainError
+
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again later" (sbatch --requeue, or a wrapper, resubmits)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(HvtrainError):
+    """The job stopped on a signal after checkpointing; rank 0 already said where."""
+
+    exit_code = PREEMPTED_EXIT
+
+
+class StopSignals:
+    """Records SIGTERM/SIGUSR1 while installed (a with-block); the previous handlers come back after."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = self.received or signal.Signals(signum).name
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live there only
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

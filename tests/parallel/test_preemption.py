@@ -1,0 +1,125 @@
+"""Pre-emption and walltime (issue 11): SIGTERM/SIGUSR1 stop every rank at one step with a
+checkpoint, exit PREEMPTED_EXIT, and `--resume auto` continues bit-identically."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hvtrain.checkpoint import list_checkpoints, load, step_of
+from hvtrain.preempt import PREEMPTED_EXIT
+from tests.conftest import ROOT, hvtrain, run, run_env, tool
+from tests.parallel.test_reliability import bitwise_equal
+
+CFG = "examples/digits_mlp.yaml"
+COMMON = ["--quiet", "--set", "train.epochs=8", "--set", "train.signal_check_every=1"]
+
+
+def mpirun(*args: str) -> list[str]:
+    return [tool("mpirun"), "-np", "2", "--oversubscribe", "--bind-to", "none", *args]
+
+
+def start(argv: list[str], out: Path) -> subprocess.Popen:
+    """Start a run; return once it trains (after its first epoch line)."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.time() + 240
+    while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "the run did not start training"
+        time.sleep(0.05)
+    return proc
+
+
+def ranks_of(proc: subprocess.Popen) -> dict[int, psutil.Process]:
+    found = {}
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if p.cmdline()[1:3] == ["-m", "hvtrain"]:
+                found[int(p.environ().get("OMPI_COMM_WORLD_RANK", p.environ().get("HOROVOD_RANK", "-1")))] = p
+        except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
+            pass
+    return found
+
+
+def preempted_step(stdout: str) -> int:
+    line = next(ln for ln in stdout.splitlines() if "preempted at epoch" in ln)  # horovodrun prefixes [1,0]
+    return int(line.split(" step ")[1].split(":")[0])
+
+
+def finish_and_compare(backend: str, full: Path, part: Path, launch: bool = False) -> None:
+    """Resume the pre-empted run and compare it with an uninterrupted one, bit for bit."""
+    args = ["train", CFG, "--backend", backend, *COMMON]
+    run(mpirun(*hvtrain(*args, "--output-dir", str(full))), timeout=400)
+    resume = [*args, "--resume", "auto", "--output-dir", str(part)]
+    run(hvtrain("launch", "-np", "2", "--", *resume) if launch else mpirun(*hvtrain(*resume)), timeout=400)
+    bitwise_equal(full / "final.safetensors", part / "final.safetensors")
+    lines = [json.loads(ln) for ln in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [ln["epoch"] for ln in lines] == list(range(1, 9))
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_sigterm_to_mpirun_checkpoints_at_one_step_and_resumes_bitwise(tmp_path, backend):
+    part = tmp_path / "part"
+    proc = start(mpirun(*hvtrain("train", CFG, "--backend", backend, *COMMON, "--output-dir", str(part))), part)
+    proc.send_signal(signal.SIGTERM)  # the launcher only; OpenMPI passes it on to the ranks
+    out, err = proc.communicate(timeout=120)
+    step = preempted_step(out)
+    (ckpt,) = list_checkpoints(part)
+    assert step_of(ckpt) == step and load(ckpt).meta["world_size"] == 2
+    assert "Traceback" not in err and not (part / "final.safetensors").exists()
+    finish_and_compare(backend, tmp_path / "full", part)
+
+
+def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    part = tmp_path / "part"
+    proc = start(mpirun(*hvtrain("train", CFG, *COMMON, "--output-dir", str(part))), part)
+    ranks = ranks_of(proc)
+    assert sorted(ranks) == [0, 1], ranks
+    ranks[1].send_signal(signal.SIGUSR1)  # rank 1 alone (rank 0 never sees a signal)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED_EXIT, err[-2000:]
+    step = preempted_step(out)
+    (ckpt,) = list_checkpoints(part)
+    c = load(ckpt)
+    assert step_of(ckpt) == step and {k.split(".")[1] for k in c.tensors if k.startswith("rng.")} == {"rank0", "rank1"}
+
+
+def test_sigterm_to_hvtrain_launch_reaches_ranks_horovodrun_would_kill(tmp_path):
+    """horovodrun ends its ranks on SIGTERM before they can react (measured); `hvtrain launch` passes
+    a SIGTERM it receives on as SIGUSR1 to the mpirun below horovodrun, which reaches every rank."""
+    part = tmp_path / "part"
+    launch = hvtrain("launch", "-np", "2", "--", "train", CFG, *COMMON, "--output-dir", str(part))
+    proc = start(launch, part)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED_EXIT, err[-2000:]
+    step = preempted_step(out)
+    assert [step_of(p) for p in list_checkpoints(part)] == [step]
+    finish_and_compare("torch", tmp_path / "full", part, launch=True)
+
+
+def test_a_second_signal_during_the_checkpoint_leaves_checkpoints_intact(tmp_path):
+    part = tmp_path / "part"
+    args = ["train", CFG, *COMMON, "--set", "train.checkpoint_every=1", "--output-dir", str(part)]
+    proc = start(mpirun(*hvtrain(*args)), part)
+    while not list_checkpoints(part):  # an epoch checkpoint exists before the signals
+        time.sleep(0.02)
+    ranks = ranks_of(proc)
+    for _ in range(3):  # a burst: the second and third arrive while the first is being handled
+        for r in ranks.values():
+            r.send_signal(signal.SIGUSR1)
+        time.sleep(0.01)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED_EXIT, err[-2000:]
+    for path in list_checkpoints(part):
+        load(path)  # verifies the SHA-256 of every tensor: none is corrupt
+    assert not list(part.glob("*.tmp")), "no unfinished checkpoint file left"
+    run(mpirun(*hvtrain(*args, "--resume", "auto")), timeout=400)
+    assert (part / "final.safetensors").exists()
