@@ -29,18 +29,26 @@ class Preempted(HvtrainError):
 class StopSignals:
     """Records SIGTERM/SIGUSR1 while installed (a with-block); the previous handlers come back after."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self.received: str | None = None
+        self.enabled = enabled
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.received = self.received or signal.Signals(signum).name
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():  # signal handlers live there only
+        if self.enabled and threading.current_thread() is threading.main_thread():  # handlers live there only
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
+
+    def rearm(self) -> None:
+        """Install the handlers again: MPI_Init (inside hvd.init) replaces SIGTERM/SIGUSR1 handlers
+        installed before it (measured: a rank then died of SIGUSR1)."""
+        if self._previous:
+            for sig in SIGNALS:
+                signal.signal(sig, self._handle)
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():

@@ -73,10 +73,15 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
         if launched_with_gloo():
             raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
                              "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
-    with Session(p.cfg, p.spec, elastic=elastic) as s:
+    from hvtrain.preempt import StopSignals
+
+    # Recorded from here on (imports, Horovod start-up, data checks too), so that a pre-emption
+    # notice during start-up still ends in a checkpoint at the first check instead of a kill.
+    # Elastic runs keep the default handlers: their loop does not check (Horovod elastic restarts).
+    with StopSignals(enabled=not elastic) as signals, Session(p.cfg, p.spec, elastic=elastic) as s:
         if not elastic:  # elastic: workers join mid-run, where only Horovod's state sync may talk
             check_agreement(p, s.runtime)
-        return s.fit(p, quiet, resume)
+        return s.fit(p, quiet, resume, signals)
 
 
 class Session:
@@ -126,7 +131,7 @@ class Session:
             _end_job(self.runtime, exc)
         return False  # Horovod stays up for a later session of this process; it shuts down at exit
 
-    def fit(self, p: Prepared, quiet: bool, resume: str | None) -> dict[str, Any]:
+    def fit(self, p: Prepared, quiet: bool, resume: str | None, signals: Any = None) -> dict[str, Any]:
         from hvtrain.checkpoint import CheckpointManager
         from hvtrain.output import Reporter
         from hvtrain.steps import DataParallelSteps
@@ -156,10 +161,10 @@ class Session:
             from hvtrain.elastic import Elastic
 
             return fit(run, resume, Elastic(self.backend))
-        from hvtrain.preempt import StopSignals
-
-        with StopSignals() as run.signals:
-            return fit(run, resume)
+        run.signals = signals
+        if signals is not None:
+            signals.rearm()
+        return fit(run, resume)
 
 
 class _PreInit:

@@ -166,7 +166,7 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                     rate = (epoch_steps - first_steps) * global_batch * acc / (time.perf_counter() - started)
                     bar.set_postfix_str(f"{rate:,.0f} samples/s")
                 consumed = min(n_train, offset + micro * global_batch)
-                if run.signals is not None and step % cfg.train.signal_check_every == 0 and commit is None:
+                if run.signals is not None and run.signals.enabled and step % cfg.train.signal_check_every == 0:
                     _preempt_if_signalled(run, Position(epoch, step, consumed, carried, epoch_steps))
                 stop = limit is not None and step >= limit
                 save = by_step and every and step % every == 0 or stop and every
@@ -192,7 +192,7 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
             record_epoch(run, result, current_lr, partial=True)
             reporter.print(f"stopped at train.max_steps={limit} (epoch {epoch + 1}, {consumed} of {n_train} samples)")
             break
-        record_epoch(run, result, current_lr)
+        record_epoch(run, result, current_lr if current_lr is not None else schedule(max(step - 1, 0)))
         stop = limit is not None and step >= limit
         if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0 or stop):
             _checkpoint(run, Position(epoch + 1, step))

@@ -24,6 +24,12 @@ command -v mpirun >/dev/null || missing+=(openmpi-bin)
 command -v g++ >/dev/null || missing+=(g++)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v make >/dev/null || missing+=(make)
+# multi-host tests (network namespaces with their own sshd): root only, as in CI
+if [ "$(id -u)" -eq 0 ]; then
+  command -v ip >/dev/null || missing+=(iproute2)
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v ssh >/dev/null || missing+=(openssh-client)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing system packages: ${missing[*]}"
   sudo=""

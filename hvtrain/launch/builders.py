@@ -87,7 +87,9 @@ def build_srun(req: LaunchRequest, env: Mapping[str, str],
     check_slots(req.np, req.hosts)
     if req.gloo:
         raise LaunchError("--gloo is a horovodrun option; srun starts MPI ranks")
-    argv = [req.launcher_path or "srun", "--ntasks", str(req.np), "--export=ALL"]
+    argv = [req.launcher_path or "srun", "--ntasks", str(req.np), "--export=ALL", "--kill-on-bad-exit=1"]
+    if env.get("SLURM_CPUS_PER_TASK"):  # srun no longer inherits it from sbatch (Slurm >= 22.05)
+        argv.append(f"--cpus-per-task={env['SLURM_CPUS_PER_TASK']}")
     pmix = [t for t in mpi_types if t.startswith("pmix")]
     if pmix:
         argv.append("--mpi=pmix")

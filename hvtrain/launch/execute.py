@@ -101,13 +101,14 @@ def run(p: Plan) -> int:
         previous = {sig: signal.signal(sig, lambda signum, frame: pass_on_signal(proc.pid))
                     for sig in (signal.SIGTERM, signal.SIGUSR1)}
         try:
-            return proc.wait()
+            code = proc.wait()
         except KeyboardInterrupt:
             proc.wait()
             return 130
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        return 128 - code if code < 0 else code  # killed by signal N: the shell's 128+N
 
 
 def pass_on_signal(launcher_pid: int) -> list[int]:
@@ -121,7 +122,8 @@ def pass_on_signal(launcher_pid: int) -> list[int]:
     except psutil.NoSuchProcess:
         return []
     mpi = [c for c in below if _name(c) in MPI_LAUNCHERS]
-    targets = mpi or [c for c in below if _is_rank(c)]
+    # srun (no mpirun, no local rank below it) passes a SIGUSR1 it receives on to its tasks itself
+    targets = mpi or [c for c in below if _is_rank(c)] or below[:1]
     sent = []
     for c in targets:
         try:

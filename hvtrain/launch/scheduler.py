@@ -19,7 +19,7 @@ from pathlib import Path
 from hvtrain.errors import HostfileError
 from hvtrain.launch.hostfile import HostSlots, validate_host
 
-SLURM_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+SLURM_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 PBS_VARS = ("PBS_NODEFILE",)
 LSF_VARS = ("LSB_DJOB_HOSTFILE", "LSB_MCPU_HOSTS")
 
@@ -65,15 +65,26 @@ def require(env: Mapping[str, str] | None = None) -> Allocation:
 
 
 def _slurm(env: Mapping[str, str], scontrol: str | None) -> Allocation:
-    var = next(v for v in SLURM_VARS if env.get(v))
+    """Inside a job step (`srun --pty bash`, an interactive step) the step's node list and task
+    counts go together (srun rewrites SLURM_TASKS_PER_NODE for the step); else the job's. Slots:
+    tasks per node, else CPUs per node / SLURM_CPUS_PER_TASK, else one per node."""
+    if env.get("SLURM_HET_SIZE"):
+        raise HostfileError("SLURM_HET_SIZE is set: heterogeneous Slurm jobs are not supported; write a hostfile "
+                            "(hvtrain launch --hostfile) for the components to run on")
+    step = bool(env.get("SLURM_STEP_NODELIST"))
+    var = "SLURM_STEP_NODELIST" if step else next(v for v in SLURM_VARS[1:] if env.get(v))
     nodes, how = expand_nodelist(env[var], scontrol), ("scontrol show hostnames" if scontrol else "python-hostlist")
     read = {var: env[var]}
-    slots_var = next((v for v in ("SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE") if env.get(v)), None)
+    candidates = ("SLURM_STEP_TASKS_PER_NODE",) if step else ("SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE")
+    slots_var = next((v for v in candidates if env.get(v)), None)
     if slots_var is None:
         counts = [1] * len(nodes)
     else:
         read[slots_var] = env[slots_var]
         counts = expand_counts(env[slots_var], slots_var)
+        if slots_var == "SLURM_JOB_CPUS_PER_NODE" and env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+            read["SLURM_CPUS_PER_TASK"] = env["SLURM_CPUS_PER_TASK"]
+            counts = [max(1, c // int(env["SLURM_CPUS_PER_TASK"])) for c in counts]
         if len(counts) != len(nodes):
             raise HostfileError(f"{slots_var}={env[slots_var]!r} gives {len(counts)} node(s) but {var} lists "
                                 f"{len(nodes)}")
@@ -141,9 +152,9 @@ def _pbs(env: Mapping[str, str]) -> Allocation:
 
 
 def _lsf(env: Mapping[str, str]) -> Allocation:
-    """LSF lists the job's first execution host first. Where that is a separate launch (batch)
-    node, as on IBM CSM systems such as Summit and Lassen, it appears with one slot ahead of the
-    compute hosts and runs no ranks: it is dropped. LSB_DJOB_HOSTFILE is preferred (per slot)."""
+    """LSF lists the job's first execution host first. On IBM CSM systems (Summit, Lassen:
+    CSM_ALLOCATION_ID is set) that is the separate launch (batch) node, which runs no ranks: it is
+    dropped. Elsewhere it is a compute host like the others. LSB_DJOB_HOSTFILE is preferred."""
     read = {k: env[k] for k in ("LSB_DJOB_HOSTFILE", "LSB_MCPU_HOSTS", "LSB_JOBID") if env.get(k)}
     if env.get("LSB_DJOB_HOSTFILE"):
         hosts = _per_slot_file(env["LSB_DJOB_HOSTFILE"], "LSB_DJOB_HOSTFILE")
@@ -154,8 +165,9 @@ def _lsf(env: Mapping[str, str]) -> Allocation:
         hosts = [HostSlots(validate_host(h, "LSB_MCPU_HOSTS"), int(n), None, "LSB_MCPU_HOSTS")
                  for h, n in zip(tokens[::2], tokens[1::2], strict=True)]
     notes: tuple[str, ...] = ()
-    if len(hosts) > 1 and hosts[0].slots == 1 and all(h.slots > 1 for h in hosts[1:]):
-        notes = (f"dropped the launch node {hosts[0].host} (one slot ahead of the compute hosts)",)
+    if env.get("CSM_ALLOCATION_ID") and len(hosts) > 1:
+        read["CSM_ALLOCATION_ID"] = env["CSM_ALLOCATION_ID"]
+        notes = (f"dropped the launch node {hosts[0].host} (IBM CSM: the first host runs the batch script)",)
         hosts = hosts[1:]
     return Allocation("lsf", hosts, read, notes)
 

@@ -64,17 +64,31 @@ def finish_and_compare(backend: str, full: Path, part: Path, launch: bool = Fals
     assert [ln["epoch"] for ln in lines] == list(range(1, 9))
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
-def test_sigterm_to_mpirun_checkpoints_at_one_step_and_resumes_bitwise(tmp_path, backend):
+STEPS_PER_EPOCH = 23  # 1438 training samples, 2 ranks x 32
+
+
+@pytest.mark.parametrize("sig, check_every", [(signal.SIGTERM, 1), (signal.SIGUSR1, STEPS_PER_EPOCH)])
+def test_signal_to_mpirun_checkpoints_at_one_step_and_resumes_bitwise(tmp_path, sig, check_every):
+    """SIGTERM: OpenMPI 4 passes it on and SIGKILLs the ranks 1 s later (odls_base_sigkill_timeout),
+    so they check every step. SIGUSR1 is only passed on; checking once per epoch puts the stop on
+    an epoch's last step (the resumed run evaluates that epoch before going on)."""
     part = tmp_path / "part"
-    proc = start(mpirun(*hvtrain("train", CFG, "--backend", backend, *COMMON, "--output-dir", str(part))), part)
-    proc.send_signal(signal.SIGTERM)  # the launcher only; OpenMPI passes it on to the ranks
+    argv = hvtrain("train", CFG, *COMMON, "--set", f"train.signal_check_every={check_every}",
+                   "--output-dir", str(part))
+    proc = start(mpirun(*argv), part)
+    proc.send_signal(sig)  # the launcher only; OpenMPI passes it on to the ranks
     out, err = proc.communicate(timeout=120)
+    assert proc.returncode == (PREEMPTED_EXIT if sig == signal.SIGUSR1 else 1), (proc.returncode, err[-2000:])
+    assert "preempted at epoch" in out, (proc.returncode, out[-2000:], err[-2000:])
     step = preempted_step(out)
     (ckpt,) = list_checkpoints(part)
     assert step_of(ckpt) == step and load(ckpt).meta["world_size"] == 2
+    if check_every == STEPS_PER_EPOCH:
+        assert step % STEPS_PER_EPOCH == 0 and load(ckpt).meta["offset"] == 1438
     assert "Traceback" not in err and not (part / "final.safetensors").exists()
-    finish_and_compare(backend, tmp_path / "full", part)
+    finish_and_compare("torch", tmp_path / "full", part)
+    lines = [json.loads(ln) for ln in (part / "metrics.jsonl").read_text().splitlines()]
+    assert all(ln["lr"] == 0.05 for ln in lines), [ln["lr"] for ln in lines]
 
 
 def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
@@ -91,18 +105,19 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert step_of(ckpt) == step and {k.split(".")[1] for k in c.tensors if k.startswith("rng.")} == {"rank0", "rank1"}
 
 
-def test_sigterm_to_hvtrain_launch_reaches_ranks_horovodrun_would_kill(tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_sigterm_to_hvtrain_launch_reaches_ranks_horovodrun_would_kill(tmp_path, backend):
     """horovodrun ends its ranks on SIGTERM before they can react (measured); `hvtrain launch` passes
     a SIGTERM it receives on as SIGUSR1 to the mpirun below horovodrun, which reaches every rank."""
     part = tmp_path / "part"
-    launch = hvtrain("launch", "-np", "2", "--", "train", CFG, *COMMON, "--output-dir", str(part))
+    launch = hvtrain("launch", "-np", "2", "--", "train", CFG, "--backend", backend, *COMMON, "--output-dir", str(part))
     proc = start(launch, part)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT, err[-2000:]
     step = preempted_step(out)
     assert [step_of(p) for p in list_checkpoints(part)] == [step]
-    finish_and_compare("torch", tmp_path / "full", part, launch=True)
+    finish_and_compare(backend, tmp_path / "full", part, launch=True)
 
 
 def test_a_second_signal_during_the_checkpoint_leaves_checkpoints_intact(tmp_path):

@@ -61,7 +61,7 @@ def test_launch_with_srun_builds_its_argv(tmp_path):
     proc = cli("launch", "--launcher", "srun", "--dry-run", "--", "train", "x.yaml", env_extra=SLURM, path=path)
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout.strip().splitlines()[0]
-    assert line.startswith(f"{tmp_path}/srun --ntasks 4 --export=ALL --mpi=pmix ")
+    assert line.startswith(f"{tmp_path}/srun --ntasks 4 --export=ALL --kill-on-bad-exit=1 --mpi=pmix ")
     assert line.endswith("-m hvtrain train x.yaml")
     bare = fake(tmp_path, "srun", "echo none\n")
     proc = cli("launch", "--launcher", "srun", "--dry-run", "--", "train", "x.yaml", env_extra=SLURM, path=bare)

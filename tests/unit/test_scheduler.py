@@ -79,16 +79,30 @@ def test_pbs_nodefile_one_line_per_slot(tmp_path):
     assert alloc.variables == {"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "7.pbs"}
 
 
-def test_lsf_drops_a_separate_launch_node(tmp_path):
-    alloc = detect({"LSB_MCPU_HOSTS": "batch1 1 c01 42 c02 42", "LSB_JOBID": "9"})
-    assert [(h.host, h.slots) for h in alloc.hosts] == [("c01", 42), ("c02", 42)]
-    assert "dropped the launch node batch1" in alloc.notes[0]
-    ordinary = detect({"LSB_MCPU_HOSTS": "hA 4 hB 4"})
-    assert [(h.host, h.slots) for h in ordinary.hosts] == [("hA", 4), ("hB", 4)] and not ordinary.notes
+def test_lsf_drops_the_launch_node_on_csm_systems_only(tmp_path):
+    csm = detect({"LSB_MCPU_HOSTS": "batch1 1 c01 1 c02 1", "LSB_JOBID": "9", "CSM_ALLOCATION_ID": "5"})
+    assert [(h.host, h.slots) for h in csm.hosts] == [("c01", 1), ("c02", 1)]
+    assert "dropped the launch node batch1" in csm.notes[0]
+    ordinary = detect({"LSB_MCPU_HOSTS": "hA 1 hB 2"})  # -n 3: the first host is a compute host too
+    assert [(h.host, h.slots) for h in ordinary.hosts] == [("hA", 1), ("hB", 2)] and not ordinary.notes
     hostfile = tmp_path / "djob"
     hostfile.write_text("batch1\n" + "c01\n" * 3 + "c02\n" * 3)
-    per_slot = detect({"LSB_DJOB_HOSTFILE": str(hostfile), "LSB_MCPU_HOSTS": "ignored 1"})
+    per_slot = detect({"LSB_DJOB_HOSTFILE": str(hostfile), "LSB_MCPU_HOSTS": "ignored 1", "CSM_ALLOCATION_ID": "5"})
     assert [(h.host, h.slots) for h in per_slot.hosts] == [("c01", 3), ("c02", 3)]
+
+
+def test_slurm_job_step_uses_the_steps_list_and_counts_together():
+    """Defect: inside `srun --pty bash` srun rewrites SLURM_TASKS_PER_NODE for the step (1 task)
+    while SLURM_JOB_NODELIST still lists the job's 2 nodes: 'gives 1 node(s) but lists 2'."""
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1", "SLURM_STEP_NODELIST": "n1",
+           "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_STEP_ID": "0"}
+    alloc = detect(env, scontrol="")
+    assert [(h.host, h.slots) for h in alloc.hosts] == [("n1", 1)]
+    cpus = detect({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_CPUS_PER_NODE": "64(x2)", "SLURM_CPUS_PER_TASK": "16"},
+                  scontrol="")
+    assert [h.slots for h in cpus.hosts] == [4, 4]
+    with pytest.raises(HostfileError, match="heterogeneous"):
+        detect({"SLURM_JOB_NODELIST": "n1", "SLURM_HET_SIZE": "2"}, scontrol="")
 
 
 def test_outside_an_allocation():
