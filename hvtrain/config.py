@@ -86,6 +86,7 @@ class TrainConfig:
     on_nan: Literal["stop", "skip"] = "stop"  # non-finite loss: stop with step and rank, or skip the update
     elastic_commit_every: int = 20  # --elastic: optimizer steps between in-memory state commits
     signal_check_every: int = 10  # steps between world-wide checks for SIGTERM/SIGUSR1 (pre-emption)
+    peer_timeout_s: float = 10.0  # a host unanswering this long while training waits is lost: end the job (0: off)
 
 
 @dataclass
@@ -384,6 +385,9 @@ def _check(cfg: Config) -> None:
                         ("train.signal_check_every", t.signal_check_every)]:
         if value < 1:
             raise cfg.fail(path, f"expected an integer >= 1, got {value}")
+    if t.peer_timeout_s < 0:
+        raise cfg.fail("train.peer_timeout_s",
+                       f"expected seconds >= 0 (0 = no lost-host watchdog), got {t.peer_timeout_s}")
     if t.max_steps < 0:
         raise cfg.fail("train.max_steps", f"expected an integer >= 0 (0 = no limit), got {t.max_steps}")
     if d.prefetch < 0:

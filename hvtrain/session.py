@@ -156,15 +156,26 @@ class Session:
             steps = PipelineSteps(cfg, self.plan, p.spec, engine, rt, self.comm)
             layout = stage_layout(self.plan)
         run = Run(cfg, p.spec, p.data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, layout))
-        write_manifest(cfg, rt, reporter, gather=not self.elastic)
-        if self.elastic:
+        if self.elastic:  # a joining worker must meet nothing but Horovod's state sync: no gather
+            import socket
+
             from hvtrain.elastic import Elastic
 
+            write_manifest(cfg, rt, reporter, [socket.gethostname()])
             return fit(run, resume, Elastic(self.backend))
+        places, listener = where_ranks_run(rt, listen=cfg.train.peer_timeout_s > 0)
+        write_manifest(cfg, rt, reporter, [place.host for place in places])
         run.signals = signals
         if signals is not None:
             signals.rearm()
-        return fit(run, resume)
+        run.watchdog = watch_hosts(rt, places, cfg.train.peer_timeout_s)
+        try:
+            return fit(run, resume)
+        finally:
+            if run.watchdog is not None:
+                run.watchdog.stop()
+            if listener is not None:
+                listener.close()
 
 
 class _PreInit:
@@ -208,15 +219,48 @@ def _end_job(runtime, exc: BaseException) -> None:
     runtime.abort(exc.exit_code if isinstance(exc, HvtrainError) else 1)
 
 
-def write_manifest(cfg: Config, runtime, reporter, gather: bool = True) -> None:
-    """manifest.json (rank 0): versions, launcher, hosts (every rank's), knobs, config hash, git.
-    Elastic runs (`gather` False) list rank 0's host only: a joining worker must meet nothing but
-    Horovod's state sync, and the world changes anyway (metrics.jsonl has world_size per epoch)."""
+def where_ranks_run(runtime, listen: bool) -> tuple[list[Any], Any]:
+    """Every rank's host (for the manifest) and, with `listen`, each host's watchdog listener (its
+    first rank opens one): one allgather. Returns the places in rank order and this rank's listener."""
     import socket
 
+    from hvtrain.watchdog import Listener, Place, local_addresses
+
+    host = socket.gethostname()
+    listener = Listener() if listen and runtime.info.size > 1 and runtime.info.local_rank == 0 else None
+    mine = (host, local_addresses(), listener.port, listener.token) if listener else (host, (), 0, "")
+    return [Place(*place) for place in runtime.allgather_object(mine)], listener
+
+
+def watch_hosts(runtime, places: list[Any], timeout_s: float) -> Any:
+    """The lost-host watchdog (hvtrain.watchdog) of this rank, or None (one rank, or switched off).
+    A lost host is reported by the rank that noticed it, which then ends the job."""
+    if runtime.info.size == 1 or timeout_s <= 0 or runtime.info.local_rank != 0:
+        return None  # a host's first rank knocks for it: hosts x hosts knocks, not ranks x hosts
+    import socket
+    import time
+
+    from hvtrain.output import report_failure
+    from hvtrain.watchdog import LAUNCHER_GRACE_S, HostLost, Watchdog
+
+    def lost(message: str) -> None:
+        report_failure(runtime.info, HostLost(message))
+        if runtime.info.controller == "mpi":
+            # An MPI_Abort now makes mpirun send to its daemon on the lost host and wait for it for
+            # good (measured); its own OOB keepalive ends the job naming the node (hvtrain launch
+            # turns it on). Abort only if the launcher has not ended the job by then.
+            time.sleep(LAUNCHER_GRACE_S)
+        runtime.abort(HostLost.exit_code)
+
+    return Watchdog(places, socket.gethostname(), timeout_s, lost).start()
+
+
+def write_manifest(cfg: Config, runtime, reporter, hosts: list[str]) -> None:
+    """manifest.json (rank 0): versions, launcher, hosts (every rank's, in rank order; an elastic
+    run lists rank 0's only: the world changes anyway, metrics.jsonl has world_size per epoch),
+    knobs, config hash, git."""
     from hvtrain.manifest import build
 
-    hosts = runtime.allgather_object(socket.gethostname()) if gather else [socket.gethostname()]
     if runtime.info.is_main:
         reporter.write_json("manifest.json", build(cfg, hosts, runtime.info.size))
 

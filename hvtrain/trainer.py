@@ -27,6 +27,7 @@ from hvtrain.preempt import Preempted, StopSignals
 from hvtrain.runtime import Runtime
 from hvtrain.spec import ModelSpec
 from hvtrain.steps import StepRunner, digest
+from hvtrain.watchdog import Watchdog
 
 WEIGHTS_FILE = "final.safetensors"
 
@@ -84,6 +85,7 @@ class Run:
     steps_done: int = 0  # optimizer steps taken in all (across resumes)
     stopped_early: bool = False  # train.max_steps ended the run before its last epoch's end
     signals: StopSignals | None = None  # SIGTERM/SIGUSR1 seen by this rank (pre-emption); None: not watched
+    watchdog: Watchdog | None = None  # lost-host watchdog, told of every step (None: one rank, elastic, off)
 
 
 def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, Any]:
@@ -156,6 +158,8 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                     raise HvtrainError(f"non-finite loss at epoch {epoch + 1}, step {step + 1} on rank {info.rank} "
                                        "(train.on_nan: stop; set train.on_nan: skip to skip such updates)")
                 micro += 1
+                if run.watchdog is not None:
+                    run.watchdog.beat()
                 if not batch.apply:
                     continue
                 step += 1

@@ -95,7 +95,10 @@ class NamespaceHosts:
         dot_ssh.mkdir()
         (dot_ssh / "config").write_text(
             f"Host {self.net}.* {' '.join(self.names)}\n  IdentityFile {d / 'id'}\n  UserKnownHostsFile /dev/null\n"
-            "  StrictHostKeyChecking no\n  BatchMode yes\n  LogLevel ERROR\n")
+            "  StrictHostKeyChecking no\n  BatchMode yes\n  LogLevel ERROR\n"
+            # as a cluster's ssh config should: a vanished host ends its ssh session in ~20 s (Horovod
+            # elastic's driver waits for that session before it re-forms the world without the host)
+            "  ServerAliveInterval 5\n  ServerAliveCountMax 4\n")
         (dot_ssh / "config").chmod(0o600)
         hosts_file = "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names, strict=True))
         (d / "hosts").write_text(f"127.0.0.1 localhost\n{hosts_file}")
@@ -143,7 +146,7 @@ class NamespaceHosts:
         return path
 
     def launch(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 600,
-               check: bool = True, popen: bool = False):
+               check: bool = True, popen: bool = False, log: Path | None = None):
         """Run argv in the launcher namespace with the fixture's ~/.ssh and /etc/hosts (a private
         mount namespace: nothing changes for the rest of the machine; ~/.ssh is made empty first
         if the account has none, the one change outside the fixture's own files)."""
@@ -153,8 +156,9 @@ class NamespaceHosts:
                   'exec "$@"')
         full = ["ip", "netns", "exec", self.launcher_ns, "unshare", "--mount", "--propagation", "private",
                 "sh", "-c", script, "sh", *argv]
-        if popen:
-            return subprocess.Popen(full, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if popen:  # started, not awaited; stdout and stderr go to `log` (a pipe nobody reads fills up)
+            with open(log or os.devnull, "w") as out:
+                return subprocess.Popen(full, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         proc = subprocess.run(full, env=env, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"{argv} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"

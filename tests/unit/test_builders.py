@@ -13,9 +13,22 @@ ENV = {"PATH": "/venv/bin:/usr/bin", "HVTRAIN_BACKEND": "torch", "HOROVOD_CYCLE_
 def test_horovodrun_argv():
     argv, env = build_horovodrun(LaunchRequest(4, CMD, HOSTS, launcher_path="/venv/bin/horovodrun"), ENV)
     assert argv == ["/venv/bin/horovodrun", "-np", "4", "-H", "n1:2,n2:2", "--mpi", *CMD]
-    assert env == ENV
-    argv, _ = build_horovodrun(LaunchRequest(2, CMD, HOSTS, gloo=True), ENV)
+    assert {k: v for k, v in env.items() if "keepalive" not in k} == ENV
+    argv, env = build_horovodrun(LaunchRequest(2, CMD, HOSTS, gloo=True), ENV)
     assert argv == ["horovodrun", "-np", "2", "-H", "n1:2,n2:2", "--gloo", *CMD]
+    assert env == ENV  # Gloo: no mpirun daemons to keep alive
+
+
+def test_mpirun_daemons_get_tcp_keepalive_so_a_lost_host_ends_the_job():
+    """Defect: with a host's link cut, mpirun waited on its daemon there for good (measured: still
+    running after 150 s); OOB keepalive ends it naming the node. A value the user set wins."""
+    for env in (build_mpirun(LaunchRequest(2, CMD, HOSTS), "openmpi", {})[1],
+                build_horovodrun(LaunchRequest(2, CMD, HOSTS), {})[1]):
+        assert env["OMPI_MCA_oob_tcp_keepalive_time"] == "10" and env["PRTE_MCA_oob_tcp_keepalive_probes"] == "3"
+    _, env = build_mpirun(LaunchRequest(2, CMD, HOSTS), "openmpi", {"OMPI_MCA_oob_tcp_keepalive_time": "7"})
+    assert env["OMPI_MCA_oob_tcp_keepalive_time"] == "7"
+    _, env = build_mpirun(LaunchRequest(2, CMD, HOSTS, hostfile="/tmp/h"), "mpich", {})
+    assert not any("keepalive" in k for k in env)
 
 
 def test_openmpi_argv_with_hostfile_and_forwarding():
