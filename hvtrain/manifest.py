@@ -62,6 +62,30 @@ def git_commit(path: str = ".") -> dict[str, Any] | None:
         return None
 
 
+# Facts that need a subprocess (mpirun --version, git), taken before MPI starts: forking after
+# MPI_Init is unsafe with some interconnects (OpenMPI warns about fork() under verbs/InfiniBand).
+_BEFORE_MPI: dict[str, Any] = {}
+RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "HOROVOD_RANK")
+
+
+def launcher_rank() -> int | None:
+    """This process's rank as its launcher set it (None: no launcher variable, a single process)."""
+    for name in RANK_VARS:
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def collect_before_mpi() -> None:
+    """On the process that will be rank 0 (by its launcher's variables), run the subprocesses now."""
+    from hvtrain.launch.mpi import detect
+
+    if launcher_rank() in (None, 0) and not _BEFORE_MPI:
+        _BEFORE_MPI.update(mpi=detect(), git=git_commit(os.getcwd()))
+
+
 def versions(backend: str) -> dict[str, str | None]:
     """Horovod's and the framework's versions (both imported by now)."""
     framework = {"torch": "torch", "tensorflow": "tensorflow"}.get(backend, backend)
@@ -74,7 +98,7 @@ def build(cfg: Config, hosts: list[str], world_size: int) -> dict[str, Any]:
     """The manifest (rank 0), given every rank's host name in rank order."""
     from hvtrain.launch.mpi import detect
 
-    mpi = detect()
+    mpi = _BEFORE_MPI.get("mpi") or detect()  # after MPI_Init only if rank 0 was not known before
     counts = Counter(hosts)
     return {
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -88,6 +112,6 @@ def build(cfg: Config, hosts: list[str], world_size: int) -> dict[str, Any]:
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
         "scheduler": {k: os.environ[k] for k in JOB_VARS if k in os.environ},
         "config_hash": config_hash(cfg),
-        "git": git_commit(os.getcwd()),
+        "git": _BEFORE_MPI["git"] if "git" in _BEFORE_MPI else git_commit(os.getcwd()),
         "host": socket.gethostname(),
     }

@@ -73,8 +73,10 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
         if launched_with_gloo():
             raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
                              "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
+    from hvtrain.manifest import collect_before_mpi
     from hvtrain.preempt import StopSignals
 
+    collect_before_mpi()
     # Recorded from here on (imports, Horovod start-up, data checks too), so that a pre-emption
     # notice during start-up still ends in a checkpoint at the first check instead of a kill.
     # Elastic runs keep the default handlers: their loop does not check (Horovod elastic restarts).

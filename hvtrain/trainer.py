@@ -170,18 +170,21 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                     rate = (epoch_steps - first_steps) * global_batch * acc / (time.perf_counter() - started)
                     bar.set_postfix_str(f"{rate:,.0f} samples/s")
                 consumed = min(n_train, offset + micro * global_batch)
-                if run.signals is not None and run.signals.enabled and step % cfg.train.signal_check_every == 0:
-                    _preempt_if_signalled(run, Position(epoch, step, consumed, carried, epoch_steps))
+                preempt = (run.signals is not None and run.signals.enabled
+                           and step % cfg.train.signal_check_every == 0 and _signalled_anywhere(run))
                 stop = limit is not None and step >= limit
-                save = by_step and every and step % every == 0 or stop and every
+                save = by_step and every and step % every == 0 or stop and every or preempt
                 sync = commit is not None and step % cfg.train.elastic_commit_every == 0
-                if (save or sync) and consumed < n_train:  # else the epoch end handles it
+                # At the epoch's end its own checkpoint and commit follow evaluation; a pre-emption
+                # cannot wait for that (the resumed run evaluates the finished epoch instead).
+                if (save or sync) and (consumed < n_train or preempt):
                     loss = float(run.runtime.allreduce_sum(np.array([carried + steps.loss_sum()]))[0])
                     position = Position(epoch, step, consumed, loss, epoch_steps)
-                    if save:
-                        _checkpoint(run, position)
+                    path = _checkpoint(run, position) if save else None
                     if sync:
                         commit(position)
+                    if preempt:
+                        _preempted(run, position, path)
                 if stop:
                     break
             run.data_wait += loader.wait_seconds
@@ -210,14 +213,15 @@ def _checkpoint(run: Run, pos: Position) -> Any:
                                 run.steps.replicas)
 
 
-def _preempt_if_signalled(run: Run, pos: Position) -> None:
-    """One allreduce: did any rank get SIGTERM/SIGUSR1? Then every rank checkpoints at this same step
-    (an epoch's last step too: the resumed run evaluates it) and raises Preempted."""
+def _signalled_anywhere(run: Run) -> bool:
+    """One allreduce: did any rank get SIGTERM/SIGUSR1? Every rank gets the same answer, so a signal
+    that reached one rank (or only the launcher) stops every rank at this same step."""
     mine = 1.0 if run.signals.received else 0.0
-    if run.runtime.allreduce_sum(np.array([mine]), name="hvtrain.preempt")[0] == 0:
-        return
-    loss = float(run.runtime.allreduce_sum(np.array([pos.loss_sum + run.steps.loss_sum()]))[0])
-    path = _checkpoint(run, Position(pos.epoch, pos.step, pos.offset, loss, pos.epoch_steps))
+    return bool(run.runtime.allreduce_sum(np.array([mine]), name="hvtrain.preempt")[0] > 0)
+
+
+def _preempted(run: Run, pos: Position, path: Any) -> None:
+    """The checkpoint at `pos` is written: say where, and end every rank with Preempted."""
     message = (f"preempted at epoch {pos.epoch + 1} step {pos.step}: checkpoint {path}; resume with --resume auto"
                if path else "preempted")
     run.reporter.notice(message)

@@ -188,3 +188,40 @@ def test_elastic_job_goes_on_without_the_lost_host_and_meets_its_target(tmp_path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["replicas_agree"] is True
     assert summary["val_accuracy"] >= 0.85, summary
+
+
+def test_sigterm_to_hvtrain_launch_across_hosts_checkpoints_and_resumes_bitwise(hosts, tmp_path):
+    """Pre-emption across hosts: SIGTERM to `hvtrain launch` only; the ranks on both hosts stop at
+    one step with a checkpoint (exit 75), and `--resume auto` ends bitwise where an uninterrupted
+    run on the same hosts ends."""
+    from hvtrain.checkpoint import list_checkpoints, step_of
+    from hvtrain.preempt import PREEMPTED_EXIT
+    from tests.parallel.test_reliability import bitwise_equal
+
+    common = ["train", CFG, "--quiet", "--set", "train.epochs=8", "--set", "train.signal_check_every=1"]
+    full, part, log = tmp_path / "full", tmp_path / "part", tmp_path / "launcher.log"
+
+    def launch(*args: str) -> list[str]:
+        return hvtrain("launch", "--hostfile", str(hosts.hostfile(2)), "--", *common, *args)
+
+    proc = hosts.launch(launch("--output-dir", str(part)), env=env_for_hosts(), popen=True, log=log)
+    try:
+        deadline = time.time() + 300
+        while not epochs_done(part):
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-4000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # the launcher on the launch node, nothing else
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert proc.returncode == PREEMPTED_EXIT, text[-4000:]
+    line = next(ln for ln in text.splitlines() if "preempted at epoch" in ln)
+    step = int(line.split(" step ")[1].split(":")[0])
+    assert [step_of(p) for p in list_checkpoints(part)] == [step]
+    assert len(epochs_done(part)) < 8 and not (part / "final.safetensors").exists()
+    hosts.launch(launch("--resume", "auto", "--output-dir", str(part)), env=env_for_hosts(), timeout=400)
+    hosts.launch(launch("--output-dir", str(full)), env=env_for_hosts(), timeout=400)
+    bitwise_equal(full / "final.safetensors", part / "final.safetensors")
+    assert [r["epoch"] for r in epochs_done(part)] == list(range(1, 9))
