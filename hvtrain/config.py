@@ -385,9 +385,9 @@ def _check(cfg: Config) -> None:
                         ("train.signal_check_every", t.signal_check_every)]:
         if value < 1:
             raise cfg.fail(path, f"expected an integer >= 1, got {value}")
-    if t.peer_timeout_s < 0:
+    if t.peer_timeout_s != 0 and t.peer_timeout_s < 4:  # hosts are knocked on every 2 s
         raise cfg.fail("train.peer_timeout_s",
-                       f"expected seconds >= 0 (0 = no lost-host watchdog), got {t.peer_timeout_s}")
+                       f"expected 0 (no lost-host watchdog) or seconds >= 4, got {t.peer_timeout_s}")
     if t.max_steps < 0:
         raise cfg.fail("train.max_steps", f"expected an integer >= 0 (0 = no limit), got {t.max_steps}")
     if d.prefetch < 0:

@@ -65,7 +65,8 @@ def git_commit(path: str = ".") -> dict[str, Any] | None:
 # Facts that need a subprocess (mpirun --version, git), taken before MPI starts: forking after
 # MPI_Init is unsafe with some interconnects (OpenMPI warns about fork() under verbs/InfiniBand).
 _BEFORE_MPI: dict[str, Any] = {}
-RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "HOROVOD_RANK")
+# SLURM_PROCID last: every rank of a horovodrun inside an sbatch script inherits the script's 0
+RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_PROCID")
 
 
 def launcher_rank() -> int | None:
@@ -82,8 +83,8 @@ def collect_before_mpi() -> None:
     """On the process that will be rank 0 (by its launcher's variables), run the subprocesses now."""
     from hvtrain.launch.mpi import detect
 
-    if launcher_rank() in (None, 0) and not _BEFORE_MPI:
-        _BEFORE_MPI.update(mpi=detect(), git=git_commit(os.getcwd()))
+    if launcher_rank() in (None, 0) and _BEFORE_MPI.get("cwd") != os.getcwd():  # a later session elsewhere
+        _BEFORE_MPI.update(mpi=detect(), git=git_commit(os.getcwd()), cwd=os.getcwd())
 
 
 def versions(backend: str) -> dict[str, str | None]:
@@ -112,6 +113,6 @@ def build(cfg: Config, hosts: list[str], world_size: int) -> dict[str, Any]:
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
         "scheduler": {k: os.environ[k] for k in JOB_VARS if k in os.environ},
         "config_hash": config_hash(cfg),
-        "git": _BEFORE_MPI["git"] if "git" in _BEFORE_MPI else git_commit(os.getcwd()),
+        "git": _BEFORE_MPI["git"] if _BEFORE_MPI.get("cwd") == os.getcwd() else git_commit(os.getcwd()),
         "host": socket.gethostname(),
     }

@@ -76,11 +76,16 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
     from hvtrain.manifest import collect_before_mpi
     from hvtrain.preempt import StopSignals
 
-    collect_before_mpi()
     # Recorded from here on (imports, Horovod start-up, data checks too), so that a pre-emption
     # notice during start-up still ends in a checkpoint at the first check instead of a kill.
     # Elastic runs keep the default handlers: their loop does not check (Horovod elastic restarts).
-    with StopSignals(enabled=not elastic) as signals, Session(p.cfg, p.spec, elastic=elastic) as s:
+    with StopSignals(enabled=not elastic) as signals:
+        collect_before_mpi()
+        return _train(p, quiet, resume, elastic, signals)
+
+
+def _train(p: Prepared, quiet: bool, resume: str | None, elastic: bool, signals: Any) -> dict[str, Any]:
+    with Session(p.cfg, p.spec, elastic=elastic, signals=signals) as s:
         if not elastic:  # elastic: workers join mid-run, where only Horovod's state sync may talk
             check_agreement(p, s.runtime)
         return s.fit(p, quiet, resume, signals)
@@ -94,7 +99,8 @@ class Session:
     block, on any rank, is reported by that rank (`rank r of N: ...`) and ends the whole job.
     """
 
-    def __init__(self, cfg: Config, spec: ModelSpec | None, elastic: bool = False, pipelined: bool = True) -> None:
+    def __init__(self, cfg: Config, spec: ModelSpec | None, elastic: bool = False, pipelined: bool = True,
+                 signals: Any = None) -> None:
         from hvtrain.backend import get_backend
         from hvtrain.runtime import Runtime
 
@@ -113,6 +119,8 @@ class Session:
                 self.plan = make_plan(cfg, spec, self.comm.Get_size(), {"gpu": self.backend.local_gpus()})
             groups = [self.plan.dp_group(s) for s in range(self.plan.num_stages)] if self.plan.replicas > 1 else None
         self.info = self.runtime.init(cfg.horovod, elastic=elastic, comm=self.comm, groups=groups)
+        if signals is not None:
+            signals.rearm()  # MPI_Init (inside hvd.init) replaced the handlers (measured: a rank died of SIGUSR1)
 
     def __enter__(self) -> Session:
         with ending_cleanly(self.runtime):
@@ -168,8 +176,6 @@ class Session:
         places, listener = where_ranks_run(rt, listen=cfg.train.peer_timeout_s > 0)
         write_manifest(cfg, rt, reporter, [place.host for place in places])
         run.signals = signals
-        if signals is not None:
-            signals.rearm()
         run.watchdog = watch_hosts(rt, places, cfg.train.peer_timeout_s)
         try:
             return fit(run, resume)
@@ -229,32 +235,35 @@ def where_ranks_run(runtime, listen: bool) -> tuple[list[Any], Any]:
     from hvtrain.watchdog import Listener, Place, local_addresses
 
     host = socket.gethostname()
-    listener = Listener() if listen and runtime.info.size > 1 and runtime.info.local_rank == 0 else None
-    mine = (host, local_addresses(), listener.port, listener.token) if listener else (host, (), 0, "")
+    info = runtime.info
+    listener = Listener() if listen and info.local_rank == 0 and info.local_size < info.size else None
+    mine = (host, local_addresses(), listener.port) if listener else (host, (), 0)
     return [Place(*place) for place in runtime.allgather_object(mine)], listener
 
 
 def watch_hosts(runtime, places: list[Any], timeout_s: float) -> Any:
-    """The lost-host watchdog (hvtrain.watchdog) of this rank, or None (one rank, or switched off).
-    A lost host is reported by the rank that noticed it, which then ends the job."""
-    if runtime.info.size == 1 or timeout_s <= 0 or runtime.info.local_rank != 0:
-        return None  # a host's first rank knocks for it: hosts x hosts knocks, not ranks x hosts
+    """The lost-host watchdog (hvtrain.watchdog) of this rank, or None: one host, switched off, or
+    not its host's first rank (one knocker per host: hosts x hosts knocks, not ranks x hosts)."""
+    info = runtime.info
+    if info.size == 1 or timeout_s <= 0 or info.local_rank != 0 or info.local_size == info.size:
+        return None
     import socket
-    import time
+    import sys
 
     from hvtrain.output import report_failure
     from hvtrain.watchdog import LAUNCHER_GRACE_S, HostLost, Watchdog
 
-    def lost(message: str) -> None:
-        report_failure(runtime.info, HostLost(message))
-        if runtime.info.controller == "mpi":
-            # An MPI_Abort now makes mpirun send to its daemon on the lost host and wait for it for
-            # good (measured); its own OOB keepalive ends the job naming the node (hvtrain launch
-            # turns it on). Abort only if the launcher has not ended the job by then.
-            time.sleep(LAUNCHER_GRACE_S)
-        runtime.abort(HostLost.exit_code)
+    def report(message: str, failure: bool) -> None:
+        if failure:
+            report_failure(info, HostLost(message))
+        else:
+            print(f"hvtrain: rank {info.rank} of {info.size}: {message}", file=sys.stderr, flush=True)
 
-    return Watchdog(places, socket.gethostname(), timeout_s, lost).start()
+    # Under MPI an abort before mpirun notices the loss (its OOB keepalive, which hvtrain launch
+    # turns on) makes mpirun wait on its daemon there for good (measured): give it time first.
+    grace = LAUNCHER_GRACE_S if info.controller == "mpi" else 0.0
+    return Watchdog(places, socket.gethostname(), timeout_s, report, lambda: runtime.abort(HostLost.exit_code),
+                    grace_s=grace).start()
 
 
 def write_manifest(cfg: Config, runtime, reporter, hosts: list[str]) -> None:

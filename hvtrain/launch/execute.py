@@ -123,7 +123,11 @@ def pass_on_signal(launcher_pid: int) -> list[int]:
         return []
     mpi = [c for c in below if _name(c) in MPI_LAUNCHERS]
     # srun (no mpirun, no local rank below it) passes a SIGUSR1 it receives on to its tasks itself
-    targets = mpi or [c for c in below if _is_rank(c)] or below[:1]
+    targets = mpi or [c for c in below if _is_rank(c)] or [c for c in below[:1] if _name(c) == "srun"]
+    if not targets:  # horovodrun --gloo with no rank on this host: SIGUSR1 would just kill horovodrun
+        print(f"hvtrain launch: cannot pass the signal on: no mpirun and no rank below pid {launcher_pid} on "
+              "this host (horovodrun --gloo starts remote ranks over ssh); signal the ranks themselves",
+              file=sys.stderr, flush=True)
     sent = []
     for c in targets:
         try:

@@ -21,7 +21,9 @@ def clean(monkeypatch):
 
 @pytest.mark.parametrize("env, runs", [({}, True), ({"OMPI_COMM_WORLD_RANK": "0"}, True),
                                        ({"OMPI_COMM_WORLD_RANK": "3"}, False), ({"SLURM_PROCID": "1"}, False),
-                                       ({"PMI_RANK": "0"}, True), ({"HOROVOD_RANK": "2"}, False)])
+                                       ({"PMI_RANK": "0"}, True), ({"HOROVOD_RANK": "2"}, False),
+                                       # horovodrun inside sbatch: every rank inherits SLURM_PROCID=0
+                                       ({"SLURM_PROCID": "0", "HOROVOD_RANK": "1"}, False)])
 def test_only_the_future_rank_0_runs_subprocesses_before_mpi(clean, monkeypatch, env, runs):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
