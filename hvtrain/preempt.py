@@ -51,6 +51,9 @@ class StopSignals:
                 signal.signal(sig, self._handle)
 
     def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        # Once a signal came, the handlers stay: the process is on its way out with PREEMPTED_EXIT,
+        # and a later signal of the same burst must not kill it (measured: exit 138 instead of 75).
+        if not self.received:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
         self._previous.clear()

@@ -119,8 +119,6 @@ class Session:
                 self.plan = make_plan(cfg, spec, self.comm.Get_size(), {"gpu": self.backend.local_gpus()})
             groups = [self.plan.dp_group(s) for s in range(self.plan.num_stages)] if self.plan.replicas > 1 else None
         self.info = self.runtime.init(cfg.horovod, elastic=elastic, comm=self.comm, groups=groups)
-        if signals is not None:
-            signals.rearm()  # MPI_Init (inside hvd.init) replaced the handlers (measured: a rank died of SIGUSR1)
 
     def __enter__(self) -> Session:
         with ending_cleanly(self.runtime):
@@ -176,6 +174,8 @@ class Session:
         places, listener = where_ranks_run(rt, listen=cfg.train.peer_timeout_s > 0)
         write_manifest(cfg, rt, reporter, [place.host for place in places])
         run.signals = signals
+        if signals is not None:  # MPI_Init (inside hvd.init) replaced the handlers (measured)
+            signals.rearm()
         run.watchdog = watch_hosts(rt, places, cfg.train.peer_timeout_s)
         try:
             return fit(run, resume)
