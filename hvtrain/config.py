@@ -94,6 +94,12 @@ class HorovodConfig:
     # Measured (bench/): cycle time 5 ms beats Horovod's default for small models on CPU.
     cycle_time_ms: float = 5.0
     fusion_threshold_mb: float = 64.0
+    cache_capacity: int | None = None  # response cache entries (None: Horovod's 1024; 0 turns it off)
+    num_groups: int = 0  # gradients allreduced in this many groups (0: one group, fused by the threshold)
+    autotune: bool = False  # Horovod's Bayesian search over cycle time, fusion threshold, cache, hierarchy
+    autotune_log: str | None = None  # its samples as CSV, rank 0 (relative: in output_dir; default autotune.csv)
+    autotune_from: str | None = None  # a previous autotune log: its best sample's values are used
+    timeline: str | None = None  # Horovod timeline (chrome://tracing JSON), rank 0 (relative: in output_dir)
 
 
 @dataclass
@@ -407,10 +413,26 @@ def _check(cfg: Config) -> None:
         raise cfg.fail("train.threads", f"expected >= 0 (0 = automatic), got {t.threads}")
     if not o.lr > 0 or not math.isfinite(o.lr):
         raise cfg.fail("optimizer.lr", f"expected a finite lr > 0, got {o.lr}")
-    for path, value in [("horovod.cycle_time_ms", cfg.horovod.cycle_time_ms),
-                        ("horovod.fusion_threshold_mb", cfg.horovod.fusion_threshold_mb)]:
+    h = cfg.horovod
+    for path, value in [("horovod.cycle_time_ms", h.cycle_time_ms),
+                        ("horovod.fusion_threshold_mb", h.fusion_threshold_mb)]:
         if not value >= 0 or not math.isfinite(value):
             raise cfg.fail(path, f"expected a finite number >= 0, got {value}")
+    if h.cache_capacity is not None and h.cache_capacity < 0:
+        raise cfg.fail("horovod.cache_capacity",
+                       f"expected entries >= 0 (0 = no response cache), got {h.cache_capacity}")
+    if h.num_groups < 0:
+        raise cfg.fail("horovod.num_groups", f"expected >= 0 (0 = one group), got {h.num_groups}")
+    if h.autotune and h.autotune_from:
+        raise cfg.fail("horovod.autotune_from", "give either autotune: true (search now) or autotune_from (use a "
+                       "previous search's best values), not both")
+    if h.autotune_from:
+        from hvtrain.dist import best_autotuned
+
+        try:
+            best_autotuned(h.autotune_from)
+        except ValueError as exc:
+            raise cfg.fail("horovod.autotune_from", str(exc)) from None
     if o.warmup_epochs < 0:
         raise cfg.fail("optimizer.warmup_epochs", f"expected >= 0, got {o.warmup_epochs}")
     if len(o.betas) != 2:

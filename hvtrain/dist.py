@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from hvtrain.errors import ConfigError, LaunchError
 
@@ -54,6 +56,20 @@ def elastic_launch() -> bool:
     return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
+# SLURM_PROCID last: every rank of a horovodrun inside an sbatch script inherits the script's 0
+RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int | None:
+    """This process's rank as its launcher set it, before MPI starts (None: no launcher variable)."""
+    for name in RANK_VARS:
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
 def launched_with_gloo() -> bool:
     return "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ
 
@@ -67,16 +83,69 @@ def default_threads(local_size: int) -> int:
     return max(1, cores // max(1, local_size))
 
 
-def horovod_env(cycle_time_ms: float, fusion_threshold_mb: float, elastic: bool = False) -> dict[str, str]:
-    """Horovod knobs from the config; a HOROVOD_* variable already set by the user wins.
+AUTOTUNE_LOG = "autotune.csv"  # in output_dir, when horovod.autotune_log is not given
+
+
+def horovod_env(h: Any, elastic: bool = False, out_dir: Path | None = None) -> dict[str, str]:
+    """Horovod knobs from the config's `horovod` section; a HOROVOD_* variable already set by the
+    user wins. Relative paths (timeline, autotune log) are in `out_dir`.
 
     With `elastic` (the run handles resets) the fusion threshold is left to Horovod: measured
     with 0.28.1, a survivor segfaults in hvd.init() on the reset after a peer dies when
     HOROVOD_FUSION_THRESHOLD is set explicitly (HOROVOD_CYCLE_TIME alone is fine)."""
-    wanted = {"HOROVOD_CYCLE_TIME": f"{cycle_time_ms:g}"}
+    out = Path(out_dir or ".")
+    tuned = best_autotuned(h.autotune_from) if h.autotune_from else {}
+    wanted = {"HOROVOD_CYCLE_TIME": f"{tuned.get('cycle_time_ms', h.cycle_time_ms):g}"}
     if not elastic:
-        wanted["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
+        fusion_mb = tuned.get("fusion_threshold_mb", h.fusion_threshold_mb)
+        wanted["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_mb * 1024 * 1024))
+    if tuned:
+        if not tuned["cache_enabled"]:
+            wanted["HOROVOD_CACHE_CAPACITY"] = "0"
+        wanted["HOROVOD_HIERARCHICAL_ALLREDUCE"] = str(int(tuned["hierarchical_allreduce"]))
+        wanted["HOROVOD_HIERARCHICAL_ALLGATHER"] = str(int(tuned["hierarchical_allgather"]))
+    if h.cache_capacity is not None:
+        wanted["HOROVOD_CACHE_CAPACITY"] = str(h.cache_capacity)
+    if h.autotune:
+        wanted["HOROVOD_AUTOTUNE"] = "1"
+        wanted["HOROVOD_AUTOTUNE_LOG"] = str(out / (h.autotune_log or AUTOTUNE_LOG))
+    if h.timeline:
+        wanted["HOROVOD_TIMELINE"] = str(out / h.timeline)
     return {k: v for k, v in wanted.items() if k not in os.environ}
+
+
+AUTOTUNE_COLUMNS = ("hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce", "cache_enabled",
+                    "cycle_time_ms", "tensor_fusion_threshold", "score")
+
+
+def best_autotuned(path: str) -> dict[str, float]:
+    """The best-scoring sample of a Horovod autotune log (HOROVOD_AUTOTUNE_LOG, 0.28 format): its
+    cycle time (ms), fusion threshold (MB), response cache and hierarchical flags.
+
+    Raises:
+        ValueError: no such file, or not an autotune log (the message says which line).
+    """
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"cannot read autotune log {path}: {exc.strerror or exc}") from None
+    if not lines or tuple(c.strip() for c in lines[0].split(",")) != AUTOTUNE_COLUMNS:
+        raise ValueError(f"{path}:1: not a Horovod autotune log (expected the header {','.join(AUTOTUNE_COLUMNS)})")
+    best = None
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            row = dict(zip(AUTOTUNE_COLUMNS, (float(v) for v in line.split(",")), strict=True))
+        except ValueError:
+            raise ValueError(f"{path}:{number}: expected {len(AUTOTUNE_COLUMNS)} numbers, got {line!r}") from None
+        if best is None or row["score"] > best["score"]:
+            best = row
+    if best is None:
+        raise ValueError(f"{path}: the autotune log has no samples yet (autotune ran too briefly)")
+    return {"cycle_time_ms": best["cycle_time_ms"], "fusion_threshold_mb": best["tensor_fusion_threshold"],
+            "cache_enabled": best["cache_enabled"], "hierarchical_allreduce": best["hierarchical_allreduce"],
+            "hierarchical_allgather": best["hierarchical_allgather"], "score": best["score"]}
 
 
 def local_gpu(local_rank: int, local_size: int, gpu_count: int) -> int | None:

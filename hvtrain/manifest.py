@@ -20,7 +20,7 @@ from typing import Any
 
 from hvtrain import __version__
 from hvtrain.config import Config
-from hvtrain.dist import elastic_launch, launched_with_gloo
+from hvtrain.dist import elastic_launch, launched_with_gloo, launcher_rank
 
 LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "horovodrun", "srun", "jsrun", "aprun")
 JOB_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "PBS_JOBID", "LSB_JOBID")
@@ -65,20 +65,6 @@ def git_commit(path: str = ".") -> dict[str, Any] | None:
 # Facts that need a subprocess (mpirun --version, git), taken before MPI starts: forking after
 # MPI_Init is unsafe with some interconnects (OpenMPI warns about fork() under verbs/InfiniBand).
 _BEFORE_MPI: dict[str, Any] = {}
-# SLURM_PROCID last: every rank of a horovodrun inside an sbatch script inherits the script's 0
-RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_PROCID")
-
-
-def launcher_rank() -> int | None:
-    """This process's rank as its launcher set it (None: no launcher variable, a single process)."""
-    for name in RANK_VARS:
-        try:
-            return int(os.environ[name])
-        except (KeyError, ValueError):
-            continue
-    return None
-
-
 def collect_before_mpi() -> None:
     """On the process that will be rank 0 (by its launcher's variables), run the subprocesses now."""
     from hvtrain.launch.mpi import detect

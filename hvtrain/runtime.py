@@ -23,6 +23,22 @@ from hvtrain.dist import ProcessInfo, horovod_env, launched_with_gloo
 from hvtrain.errors import HvtrainError
 
 
+def grouped_allreduce(hvd: Any, tensors: list[Any], num_groups: int, name: str, **kwargs: Any) -> list[Any]:
+    """Average `tensors` with Horovod, as one group (`num_groups` 0) or as `num_groups` contiguous
+    groups of near-equal count (Horovod's `num_groups`: each group is one fused allreduce, so the
+    first groups travel while later ones are still being computed). Works inside tf.function."""
+    if num_groups <= 1 or len(tensors) <= 1:
+        return list(hvd.grouped_allreduce(tensors, name=name, **kwargs))
+    size, extra = divmod(len(tensors), min(num_groups, len(tensors)))
+    out: list[Any] = []
+    start = 0
+    for i in range(min(num_groups, len(tensors))):
+        stop = start + size + (1 if i < extra else 0)
+        out += hvd.grouped_allreduce(tensors[start:stop], name=f"{name}.{i}", **kwargs)
+        start = stop
+    return out
+
+
 class Runtime:
     """Horovod for one backend's framework binding.
 
@@ -44,7 +60,7 @@ class Runtime:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def init(self, horovod_cfg: Any, *, elastic: bool, comm: Any = None,
-             groups: list[list[int]] | None = None) -> ProcessInfo:
+             groups: list[list[int]] | None = None, out_dir: Any = None) -> ProcessInfo:
         """Horovod knobs (a HOROVOD_* variable set by the user wins), process sets, hvd.init.
 
         Args:
@@ -52,9 +68,10 @@ class Runtime:
             elastic: this run handles worker failures and joins (`--elastic`).
             comm: an mpi4py communicator shared with Horovod (pipelines exchange activations on it).
             groups: ranks of each Horovod process set (a pipeline stage's data-parallel replicas).
+            out_dir: where relative timeline / autotune log paths go (rank 0 writes them).
         """
         self.elastic = elastic
-        os.environ.update(horovod_env(horovod_cfg.cycle_time_ms, horovod_cfg.fusion_threshold_mb, elastic))
+        os.environ.update(horovod_env(horovod_cfg, elastic, out_dir))
         self.process_sets = [self.hvd.ProcessSet(g) for g in groups or []]
         if self.hvd.is_initialized():
             # A later session in the same process (the Python API: train, then evaluate or predict)

@@ -118,7 +118,15 @@ class Session:
 
                 self.plan = make_plan(cfg, spec, self.comm.Get_size(), {"gpu": self.backend.local_gpus()})
             groups = [self.plan.dp_group(s) for s in range(self.plan.num_stages)] if self.plan.replicas > 1 else None
-        self.info = self.runtime.init(cfg.horovod, elastic=elastic, comm=self.comm, groups=groups)
+        h = cfg.horovod
+        if h.timeline or h.autotune:  # Horovod opens these files on rank 0 inside hvd.init
+            from hvtrain.dist import AUTOTUNE_LOG, launcher_rank
+
+            if launcher_rank() in (None, 0):
+                for name in (h.timeline, h.autotune and (h.autotune_log or AUTOTUNE_LOG)):
+                    if name:
+                        (cfg.out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        self.info = self.runtime.init(h, elastic=elastic, comm=self.comm, groups=groups, out_dir=cfg.out_dir)
 
     def __enter__(self) -> Session:
         with ending_cleanly(self.runtime):

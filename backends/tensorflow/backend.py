@@ -20,7 +20,7 @@ from hvtrain.backend import Backend  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
 from hvtrain.dist import ProcessInfo, default_threads  # noqa: E402
 from hvtrain.entrypoint import load_entrypoint  # noqa: E402
-from hvtrain.runtime import Runtime  # noqa: E402
+from hvtrain.runtime import Runtime, grouped_allreduce  # noqa: E402
 from hvtrain.spec import ModelSpec  # noqa: E402
 
 from .elastic import make_state  # noqa: E402
@@ -131,8 +131,8 @@ class TensorFlowBackend(Backend):
             local, loss = local_grads(x, y, w, training)
             grads = [acc + g for acc, g in zip(self.accum, local, strict=True)] if accumulating else local
             if distributed:
-                grads = hvd.grouped_allreduce(grads, op=hvd.Average, compression=self.compression,
-                                              name="hvtrain.grads")
+                grads = grouped_allreduce(hvd, grads, self.cfg.horovod.num_groups, "hvtrain.grads", op=hvd.Average,
+                                          compression=self.compression)
             if self.l2:  # L2 on the gradient; loss-scaled gradients get the term scaled alike
                 factor = self.l2 * (self.optimizer.dynamic_scale if scaled else 1.0)
                 grads = [g + factor * v.value for g, v in zip(grads, self.train_vars, strict=True)]

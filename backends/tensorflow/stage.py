@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from hvtrain.config import Config
 from hvtrain.placement.stage import StageEngine
+from hvtrain.runtime import grouped_allreduce
 from hvtrain.spec import INPUT, ModelSpec, per_layer
 
 from .model import build_model, layer_from_native, layer_to_native, native_layers
@@ -92,8 +93,8 @@ class TensorFlowStage(StageEngine):
         if self.process_set is not None:
             hvd = self.hvd
             compression = hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else hvd.Compression.none
-            grads = hvd.grouped_allreduce(grads, op=hvd.Average, compression=compression,
-                                          process_set=self.process_set, name="hvtrain.stage_grads")
+            grads = grouped_allreduce(hvd, grads, self.cfg.horovod.num_groups, "hvtrain.stage_grads", op=hvd.Average,
+                                      compression=compression, process_set=self.process_set)
         if inv_scale != 1.0:
             grads = [g * inv_scale for g in grads]
         if self.l2:  # L2 on the unscaled gradient, as in the unpipelined step

@@ -63,7 +63,8 @@ class TorchBackend(Backend):
             compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
             self.optimizer = hvd.DistributedOptimizer(
                 self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
-                backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average)
+                backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average,
+                num_groups=cfg.horovod.num_groups)
         self.autocast = AUTOCAST.get(cfg.train.precision)
         # 2^15 to start, as Keras and the pipeline loss scale do
         self.scaler = torch.amp.GradScaler(self.device.type, init_scale=2.0 ** 15) \

@@ -9,6 +9,7 @@ import torch
 
 from hvtrain.config import Config
 from hvtrain.placement.stage import StageEngine
+from hvtrain.runtime import grouped_allreduce
 from hvtrain.spec import INPUT, ModelSpec, per_layer
 
 from .model import build_model, layer_from_native, layer_to_native
@@ -105,8 +106,9 @@ class TorchStage(StageEngine):
         if self.process_set is not None:
             hvd = self.hvd
             compression = hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else hvd.Compression.none
-            reduced = hvd.grouped_allreduce([p.grad for p in params], op=hvd.Average, compression=compression,
-                                            process_set=self.process_set, name="hvtrain.stage_grads")
+            reduced = grouped_allreduce(hvd, [p.grad for p in params], self.cfg.horovod.num_groups,
+                                        "hvtrain.stage_grads", op=hvd.Average, compression=compression,
+                                        process_set=self.process_set)
             for p, g in zip(params, reduced, strict=True):
                 p.grad.copy_(g)
         if inv_scale != 1.0:

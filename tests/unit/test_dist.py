@@ -1,10 +1,12 @@
 """Process facts without Horovod: GPU pinning choice, Horovod knobs and who wins over them."""
 
 import os
+import re
 
 import pytest
 
-from hvtrain.dist import horovod_env, local_gpu
+from hvtrain.config import HorovodConfig
+from hvtrain.dist import best_autotuned, horovod_env, local_gpu
 from hvtrain.errors import HvtrainError, LaunchError
 
 MB64 = str(64 * 1024 * 1024)
@@ -49,21 +51,62 @@ def test_local_rank_outside_local_size_is_a_bug(local_rank, local_size):
 
 
 def test_config_knobs_become_horovod_variables():
-    assert horovod_env(5.0, 64.0) == {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_FUSION_THRESHOLD": MB64}
-    assert horovod_env(0.5, 1.5)["HOROVOD_CYCLE_TIME"] == "0.5"
-    assert horovod_env(0.5, 1.5)["HOROVOD_FUSION_THRESHOLD"] == str(3 * 512 * 1024)
+    assert horovod_env(HorovodConfig(5.0, 64.0)) == {"HOROVOD_CYCLE_TIME": "5", "HOROVOD_FUSION_THRESHOLD": MB64}
+    assert horovod_env(HorovodConfig(0.5, 1.5))["HOROVOD_CYCLE_TIME"] == "0.5"
+    assert horovod_env(HorovodConfig(0.5, 1.5))["HOROVOD_FUSION_THRESHOLD"] == str(3 * 512 * 1024)
 
 
 def test_a_variable_set_by_the_user_wins_over_the_config(monkeypatch):
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "1.5")
-    env = horovod_env(5.0, 64.0)
+    env = horovod_env(HorovodConfig(5.0, 64.0))
     assert env == {"HOROVOD_FUSION_THRESHOLD": MB64}  # the config's cycle time is not offered at all
     for k, v in env.items():  # what the runtime does before hvd.init() (undone after the test)
         monkeypatch.setenv(k, v)
     assert os.environ["HOROVOD_CYCLE_TIME"] == "1.5"
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")  # 0 = no fusion: a meaningful user value
-    assert horovod_env(5.0, 64.0) == {}
+    assert horovod_env(HorovodConfig(5.0, 64.0)) == {}
 
 
 def test_elastic_leaves_the_fusion_threshold_to_horovod():
-    assert horovod_env(5.0, 64.0, elastic=True) == {"HOROVOD_CYCLE_TIME": "5"}
+    assert horovod_env(HorovodConfig(5.0, 64.0), elastic=True) == {"HOROVOD_CYCLE_TIME": "5"}
+
+
+def test_tuning_knobs_become_horovod_variables(tmp_path):
+    h = HorovodConfig(cache_capacity=0, autotune=True, timeline="tl.json")
+    env = horovod_env(h, out_dir=tmp_path)
+    assert env["HOROVOD_CACHE_CAPACITY"] == "0" and env["HOROVOD_AUTOTUNE"] == "1"
+    assert env["HOROVOD_AUTOTUNE_LOG"] == str(tmp_path / "autotune.csv")
+    assert env["HOROVOD_TIMELINE"] == str(tmp_path / "tl.json")
+    assert "HOROVOD_TIMELINE" not in horovod_env(HorovodConfig())  # nothing unless asked for
+
+
+# Written by Horovod 0.28.1's ParameterManager (note the ", " after torus_allreduce in its rows).
+AUTOTUNE_LOG = """hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cache_enabled,cycle_time_ms,tensor_fusion_threshold,score
+0,0,0, 1,5,64,1.2e+09
+0,0,0, 0,2.5,32,1.9e+09
+0,0,0, 1,10,8,1.5e+09
+"""
+
+
+def test_a_previous_autotune_logs_best_sample_is_used(tmp_path):
+    log = tmp_path / "autotune.csv"
+    log.write_text(AUTOTUNE_LOG)
+    assert best_autotuned(str(log))["cycle_time_ms"] == 2.5
+    env = horovod_env(HorovodConfig(autotune_from=str(log)))
+    assert env["HOROVOD_CYCLE_TIME"] == "2.5" and env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
+    assert env["HOROVOD_CACHE_CAPACITY"] == "0" and env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"
+
+
+@pytest.mark.parametrize("text, where", [("a,b\n", ":1: not a Horovod autotune log"),
+                                         (AUTOTUNE_LOG.splitlines()[0] + "\n1,2\n", ":2: expected 7 numbers"),
+                                         (AUTOTUNE_LOG.splitlines()[0] + "\n", "has no samples yet")])
+def test_a_bad_autotune_log_is_a_located_config_error(tmp_path, text, where):
+    from hvtrain.config import load_config
+    from hvtrain.errors import ConfigError
+
+    log = tmp_path / "autotune.csv"
+    log.write_text(text)
+    with pytest.raises(ConfigError, match="horovod.autotune_from: .*" + re.escape(where)):
+        load_config({"name": "t", "data": {"dataset": "sklearn:digits"},
+                     "model": {"layers": [{"type": "dense", "units": 10}]},
+                     "horovod": {"autotune_from": str(log)}})

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from hvtrain import manifest
+from hvtrain.dist import RANK_VARS
 
 
 @pytest.fixture
 def clean(monkeypatch):
-    for name in manifest.RANK_VARS:
+    for name in RANK_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(manifest, "_BEFORE_MPI", {})
     calls: list[str] = []
