@@ -96,6 +96,11 @@ def report_failure(info: ProcessInfo, exc: BaseException) -> None:
     print(f"hvtrain: error: rank {info.rank} of {info.size}: {what}", file=sys.stderr, flush=True)
 
 
+def report_warning(info: ProcessInfo, message: str) -> None:
+    """A rank's warning, prefixed like its failures (`rank r of N:`); the job goes on."""
+    print(f"hvtrain: warning: rank {info.rank} of {info.size}: {message}", file=sys.stderr, flush=True)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Temp file, fsync, rename: a reader or a crash never sees half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -256,16 +256,15 @@ def watch_hosts(runtime, places: list[Any], timeout_s: float) -> Any:
     if info.size == 1 or timeout_s <= 0 or info.local_rank != 0 or info.local_size == info.size:
         return None
     import socket
-    import sys
 
-    from hvtrain.output import report_failure
+    from hvtrain.output import report_failure, report_warning
     from hvtrain.watchdog import LAUNCHER_GRACE_S, HostLost, Watchdog
 
     def report(message: str, failure: bool) -> None:
         if failure:
             report_failure(info, HostLost(message))
         else:
-            print(f"hvtrain: rank {info.rank} of {info.size}: {message}", file=sys.stderr, flush=True)
+            report_warning(info, message)
 
     # Under MPI an abort before mpirun notices the loss (its OOB keepalive, which hvtrain launch
     # turns on) makes mpirun wait on its daemon there for good (measured): give it time first.

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, run_env, tool
 from tests.multihost import NamespaceHosts, missing
+from tests.parallel.test_elastic import records
 
 CFG = "examples/digits_mlp.yaml"
 ARGS = ["--quiet", "--set", "train.epochs=2"]
@@ -93,26 +94,14 @@ def test_traffic_stays_inside_the_fixture(hosts):
 LONG = ["--quiet", "--set", "train.checkpoint_every=0"]
 
 
-def epochs_done(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    done = []
-    for line in lines:
-        try:
-            done.append(json.loads(line))
-        except json.JSONDecodeError:  # being appended right now
-            break
-    return done
-
-
 def cut_after_first_epoch(h: NamespaceHosts, proc, out: Path, log: Path) -> float:
     """Wait for an epoch on both hosts, cut host 1 off; returns when it was cut."""
     deadline = time.time() + 300
-    while not epochs_done(out):
+    while not records(out):
         if proc.poll() is not None or time.time() > deadline:
             raise AssertionError(f"no epoch before the cut (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
         time.sleep(0.2)
-    assert epochs_done(out)[0]["world_size"] == 4
+    assert records(out)[0]["world_size"] == 4
     h.link_down(1)
     return time.time()
 
@@ -175,7 +164,7 @@ def test_lost_host_ends_the_job_within_60s_naming_it(tmp_path, launcher):
         assert said in text, text[-4000:]
         # horovodrun --gloo kills its ssh sessions only: its other rank there ends at the Gloo timeout (30 s)
         assert not ranks_left(h.names[0], 45), "ranks on the surviving host outlived the launcher"
-        assert len(epochs_done(out)) < 100
+        assert len(records(out)) < 100
         print(f"{launcher}: ended {took:.1f} s after the cut")
 
 
@@ -204,7 +193,7 @@ def test_elastic_job_goes_on_without_the_lost_host_and_meets_its_target(tmp_path
                 os.killpg(proc.pid, signal.SIGKILL)
         text = log.read_text()
         assert proc.returncode == 0, text[-4000:]
-    history = epochs_done(out)
+    history = records(out)
     assert [r["epoch"] for r in history] == list(range(1, 7)), history  # every epoch once
     assert history[0]["world_size"] == 4 and all(r["world_size"] == 2 for r in history[1:]), history
     summary = json.loads((out / "summary.json").read_text())
@@ -218,6 +207,7 @@ def test_sigterm_to_hvtrain_launch_across_hosts_checkpoints_and_resumes_bitwise(
     run on the same hosts ends."""
     from hvtrain.checkpoint import list_checkpoints, step_of
     from hvtrain.preempt import PREEMPTED_EXIT
+    from tests.parallel.test_preemption import preempted_step
     from tests.parallel.test_reliability import bitwise_equal
 
     common = ["train", CFG, "--quiet", "--set", "train.epochs=8", "--set", "train.signal_check_every=1"]
@@ -229,7 +219,7 @@ def test_sigterm_to_hvtrain_launch_across_hosts_checkpoints_and_resumes_bitwise(
     proc = hosts.launch(launch("--output-dir", str(part)), env=env_for_hosts(), popen=True, log=log)
     try:
         deadline = time.time() + 300
-        while not epochs_done(part):
+        while not records(part):
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-4000:]
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)  # the launcher on the launch node, nothing else
@@ -239,11 +229,10 @@ def test_sigterm_to_hvtrain_launch_across_hosts_checkpoints_and_resumes_bitwise(
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     assert proc.returncode == PREEMPTED_EXIT, text[-4000:]
-    line = next(ln for ln in text.splitlines() if "preempted at epoch" in ln)
-    step = int(line.split(" step ")[1].split(":")[0])
+    step = preempted_step(text)
     assert [step_of(p) for p in list_checkpoints(part)] == [step]
-    assert len(epochs_done(part)) < 8 and not (part / "final.safetensors").exists()
+    assert len(records(part)) < 8 and not (part / "final.safetensors").exists()
     hosts.launch(launch("--resume", "auto", "--output-dir", str(part)), env=env_for_hosts(), timeout=400)
     hosts.launch(launch("--output-dir", str(full)), env=env_for_hosts(), timeout=400)
     bitwise_equal(full / "final.safetensors", part / "final.safetensors")
-    assert [r["epoch"] for r in epochs_done(part)] == list(range(1, 9))
+    assert [r["epoch"] for r in records(part)] == list(range(1, 9))
