@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -363,6 +363,52 @@ def _loaded(p: Prepared, weights_path: str) -> Iterator[tuple[Session, Any]]:
     with Session(p.cfg, p.spec, pipelined=False) as s:
         s.backend.build(p.cfg, p.spec, weights, p.data.num_outputs, s.runtime)
         yield s, DataParallelSteps(s.backend, s.runtime)
+
+
+def measure_step(p: Prepared, steps: int = 10, warmup: int = 3) -> tuple[float, list[int]]:
+    """One optimizer step of `p`'s config on this process alone, in ms (the mean of `steps` after
+    `warmup`), and the values of each trainable tensor, in the built model's order: the compute
+    time `hvtrain plan --network` measures. The whole model (a pipeline's too) steps on the first
+    rows of the training split; Horovod reduces nothing with one rank. Writes no file: no output
+    directory, checkpoint, timeline or autotune log.
+
+    Raises:
+        HvtrainError: launched with several ranks (one process must measure alone).
+    """
+    import time
+
+    from hvtrain.data import Batch
+    from hvtrain.steps import DataParallelSteps
+
+    h = replace(p.cfg.horovod, timeline=None, autotune=False)  # files Horovod would write
+    cfg = replace(p.cfg, horovod=h)
+    session = Session(cfg, p.spec, pipelined=False)
+    if session.info.size > 1:
+        raise HvtrainError(f"measuring a step needs one process alone, got {session.info.size} ranks: run "
+                           "hvtrain plan without a launcher, or give --step-ms")
+    with session as s:
+        s.backend.build(cfg, p.spec, p.spec.init_weights(cfg.seed) if p.spec else None, p.data.num_outputs,
+                        s.runtime)
+        runner = DataParallelSteps(s.backend, s.runtime)
+        batch, k = cfg.data.batch_size, cfg.train.grad_accumulation
+        rows = np.resize(np.arange(len(p.data.train)), batch)
+        x, y = p.data.train.take(rows)
+        weight = np.full(batch, 1.0 / (batch * k), np.float32)
+
+        def step() -> None:
+            for j in range(k):
+                runner.train_batch(Batch(rows, weight, j == k - 1), x, y)
+
+        for _ in range(warmup):
+            step()
+        runner.loss_sum(reset=True)  # a host sync: the device's queue is empty
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        runner.loss_sum(reset=True)
+        ms = (time.perf_counter() - start) * 1e3 / steps
+        weights, trainable = s.backend.get_weights(), s.backend.trainable_names()
+        return ms, [int(v.size) for name, v in weights.items() if name in trainable]
 
 
 def load_weights(path: str) -> dict[str, np.ndarray]:
