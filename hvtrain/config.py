@@ -79,7 +79,10 @@ class TrainConfig:
     grad_accumulation: int = 1
     compression: Literal["none", "fp16"] = "none"
     log_every: int = 20  # steps between progress-bar loss updates (the only host syncs)
-    threads: int = 0  # intra-op threads per rank; 0 = cores / local ranks
+    threads: int = 0  # intra-op threads per rank; 0 = the cores this rank may use (below)
+    # auto: when the launcher left every rank of a host all of its cores, each rank binds itself (all
+    # its threads) to its own 1/local_size of them; none: leave placement to the OS / the launcher
+    cpu_binding: Literal["auto", "none"] = "auto"
     checkpoint_every: int = 0  # 0 = no checkpoints; counted in checkpoint_unit
     checkpoint_unit: Literal["epoch", "step"] = "epoch"
     keep: int = 3  # newest checkpoints kept
@@ -91,8 +94,9 @@ class TrainConfig:
 
 @dataclass
 class HorovodConfig:
-    # Measured (bench/): cycle time 5 ms beats Horovod's default for small models on CPU.
-    cycle_time_ms: float = 5.0
+    # Measured (bench/, np=2 on 2 cores, MPI yielding): 1 ms (Horovod's default) 1.5x of 5 ms, which
+    # left the last gradients waiting up to a cycle and was bimodal; 0.5 ms no better than 1.
+    cycle_time_ms: float = 1.0
     fusion_threshold_mb: float = 64.0
     cache_capacity: int | None = None  # response cache entries (None: Horovod's 1024; 0 turns it off)
     num_groups: int = 0  # gradients allreduced in this many groups (0: one group, fused by the threshold)
@@ -100,6 +104,9 @@ class HorovodConfig:
     autotune_log: str | None = None  # its samples as CSV, rank 0 (relative: in output_dir; default autotune.csv)
     autotune_from: str | None = None  # a previous autotune log: its best sample's values are used
     timeline: str | None = None  # Horovod timeline (chrome://tracing JSON), rank 0 (relative: in output_dir)
+    # OpenMPI ranks yield the core while they wait inside MPI (OMPI_MCA_mpi_yield_when_idle=1)
+    # instead of spinning on it: Horovod's background thread waits in MPI every cycle
+    mpi_yield: bool = True
 
 
 @dataclass

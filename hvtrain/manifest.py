@@ -81,8 +81,8 @@ def versions(backend: str) -> dict[str, str | None]:
             "horovod": getattr(sys.modules.get("horovod"), "__version__", None)}
 
 
-def build(cfg: Config, hosts: list[str], world_size: int) -> dict[str, Any]:
-    """The manifest (rank 0), given every rank's host name in rank order."""
+def build(cfg: Config, hosts: list[str], world_size: int, cpus: list[list[int]] | None = None) -> dict[str, Any]:
+    """The manifest (rank 0), given every rank's host name (and cores it may run on) in rank order."""
     from hvtrain.launch.mpi import detect
 
     mpi = _BEFORE_MPI.get("mpi") or detect()  # after MPI_Init only if rank 0 was not known before
@@ -96,7 +96,10 @@ def build(cfg: Config, hosts: list[str], world_size: int) -> dict[str, Any]:
         "world_size": world_size,
         "hosts": [{"host": h, "slots": n} for h, n in counts.items()],
         "rank_hosts": hosts,
+        "rank_cpus": cpus,
+        "cpu_binding": cfg.train.cpu_binding,
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
+        "mpi_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMPI_MCA_", "PRTE_MCA_"))},
         "scheduler": {k: os.environ[k] for k in JOB_VARS if k in os.environ},
         "config_hash": config_hash(cfg),
         "git": _BEFORE_MPI["git"] if _BEFORE_MPI.get("cwd") == os.getcwd() else git_commit(os.getcwd()),

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from hvtrain.dist import ProcessInfo, horovod_env, launched_with_gloo
+from hvtrain.dist import ProcessInfo, cpu_share, horovod_env, launched_with_gloo
 from hvtrain.errors import HvtrainError
 
 
@@ -60,7 +62,7 @@ class Runtime:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def init(self, horovod_cfg: Any, *, elastic: bool, comm: Any = None,
-             groups: list[list[int]] | None = None, out_dir: Any = None) -> ProcessInfo:
+             groups: list[list[int]] | None = None, out_dir: Any = None, cpu_binding: str = "none") -> ProcessInfo:
         """Horovod knobs (a HOROVOD_* variable set by the user wins), process sets, hvd.init.
 
         Args:
@@ -69,6 +71,8 @@ class Runtime:
             comm: an mpi4py communicator shared with Horovod (pipelines exchange activations on it).
             groups: ranks of each Horovod process set (a pipeline stage's data-parallel replicas).
             out_dir: where relative timeline / autotune log paths go (rank 0 writes them).
+            cpu_binding: "auto" binds each rank's threads to its share of the host's cores
+                (dist.cpu_share; not for elastic runs, whose hosts change).
         """
         self.elastic = elastic
         os.environ.update(horovod_env(horovod_cfg, elastic, out_dir))
@@ -83,7 +87,23 @@ class Runtime:
         else:
             self.hvd.init(comm=comm, process_sets=self.process_sets or None)
         self.info = self._read_info("gloo" if elastic or (self.hvd.gloo_enabled() and launched_with_gloo()) else "mpi")
+        if cpu_binding == "auto" and not elastic and self.info.local_size > 1:
+            self.info = replace(self.info, cpus=self._bind_cpus())
         return self.info
+
+    def _bind_cpus(self) -> tuple[int, ...]:
+        """Every thread of this process (Horovod's background thread included; threads started
+        later inherit it) onto this rank's share of the host's cores, if it is ours to choose."""
+        host = socket.gethostname()
+        facts = self.allgather_object((host, self.info.local_rank, tuple(sorted(os.sched_getaffinity(0)))))
+        on_host = [mask for _, _, mask in sorted((f for f in facts if f[0] == host), key=lambda f: f[1])]
+        cpus = cpu_share(self.info.local_rank, self.info.local_size, on_host)
+        for tid in os.listdir("/proc/self/task") if cpus else ():
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:  # the thread ended meanwhile
+                pass
+        return cpus
 
     def _read_info(self, controller: str) -> ProcessInfo:
         size = self.hvd.size()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -18,7 +19,7 @@ import numpy as np
 
 from hvtrain.config import Config, load_config
 from hvtrain.data import Dataset, load_dataset
-from hvtrain.dist import elastic_launch, setting
+from hvtrain.dist import elastic_launch, mpi_env, setting
 from hvtrain.errors import ConfigError, DataError, HvtrainError
 from hvtrain.spec import ModelSpec, build_spec, check_against_data, check_weights
 
@@ -109,6 +110,7 @@ class Session:
         self.runtime = Runtime(self.backend.horovod_module, self.backend.as_tensor, self.backend.collective_errors)
         self.comm = self.plan = None
         groups = None
+        os.environ.update(mpi_env(cfg.horovod))  # before MPI starts (mpi4py or hvd.init)
         if pipelined and cfg.pipelined:
             from mpi4py import MPI
 
@@ -126,7 +128,8 @@ class Session:
                 for name in (h.timeline, h.autotune and (h.autotune_log or AUTOTUNE_LOG)):
                     if name:
                         (cfg.out_dir / name).parent.mkdir(parents=True, exist_ok=True)
-        self.info = self.runtime.init(h, elastic=elastic, comm=self.comm, groups=groups, out_dir=cfg.out_dir)
+        self.info = self.runtime.init(h, elastic=elastic, comm=self.comm, groups=groups, out_dir=cfg.out_dir,
+                                      cpu_binding=cfg.train.cpu_binding)
 
     def __enter__(self) -> Session:
         with ending_cleanly(self.runtime):
@@ -177,10 +180,10 @@ class Session:
 
             from hvtrain.elastic import Elastic
 
-            write_manifest(cfg, rt, reporter, [socket.gethostname()])
+            write_manifest(cfg, rt, reporter, [socket.gethostname()], [sorted(os.sched_getaffinity(0))])
             return fit(run, resume, Elastic(self.backend))
-        places, listener = where_ranks_run(rt, listen=cfg.train.peer_timeout_s > 0)
-        write_manifest(cfg, rt, reporter, [place.host for place in places])
+        places, listener, cpus = where_ranks_run(rt, listen=cfg.train.peer_timeout_s > 0)
+        write_manifest(cfg, rt, reporter, [place.host for place in places], cpus)
         run.signals = signals
         if signals is not None:  # MPI_Init (inside hvd.init) replaced the handlers (measured)
             signals.rearm()
@@ -235,9 +238,10 @@ def _end_job(runtime, exc: BaseException) -> None:
     runtime.abort(exc.exit_code if isinstance(exc, HvtrainError) else 1)
 
 
-def where_ranks_run(runtime, listen: bool) -> tuple[list[Any], Any]:
-    """Every rank's host (for the manifest) and, with `listen`, each host's watchdog listener (its
-    first rank opens one): one allgather. Returns the places in rank order and this rank's listener."""
+def where_ranks_run(runtime, listen: bool) -> tuple[list[Any], Any, list[list[int]]]:
+    """Every rank's host and cores (for the manifest) and, with `listen`, each host's watchdog
+    listener (its first rank opens one): one allgather. Returns the places in rank order, this
+    rank's listener and every rank's cores (the affinity its main thread has now)."""
     import socket
 
     from hvtrain.watchdog import Listener, Place, local_addresses
@@ -246,7 +250,8 @@ def where_ranks_run(runtime, listen: bool) -> tuple[list[Any], Any]:
     info = runtime.info
     listener = Listener() if listen and info.local_rank == 0 and info.local_size < info.size else None
     mine = (host, local_addresses(), listener.port) if listener else (host, (), 0)
-    return [Place(*place) for place in runtime.allgather_object(mine)], listener
+    gathered = runtime.allgather_object((mine, sorted(os.sched_getaffinity(0))))
+    return [Place(*place) for place, _ in gathered], listener, [cpus for _, cpus in gathered]
 
 
 def watch_hosts(runtime, places: list[Any], timeout_s: float) -> Any:
@@ -273,14 +278,14 @@ def watch_hosts(runtime, places: list[Any], timeout_s: float) -> Any:
                     grace_s=grace).start()
 
 
-def write_manifest(cfg: Config, runtime, reporter, hosts: list[str]) -> None:
-    """manifest.json (rank 0): versions, launcher, hosts (every rank's, in rank order; an elastic
-    run lists rank 0's only: the world changes anyway, metrics.jsonl has world_size per epoch),
-    knobs, config hash, git."""
+def write_manifest(cfg: Config, runtime, reporter, hosts: list[str], cpus: list[list[int]]) -> None:
+    """manifest.json (rank 0): versions, launcher, hosts and cores (every rank's, in rank order; an
+    elastic run lists rank 0's only: the world changes anyway, metrics.jsonl has world_size per
+    epoch), knobs, config hash, git."""
     from hvtrain.manifest import build
 
     if runtime.info.is_main:
-        reporter.write_json("manifest.json", build(cfg, hosts, runtime.info.size))
+        reporter.write_json("manifest.json", build(cfg, hosts, runtime.info.size, cpus))
 
 
 def check_agreement(p: Prepared, runtime) -> None:

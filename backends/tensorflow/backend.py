@@ -46,7 +46,7 @@ class TensorFlowBackend(Backend):
         return tf.constant(np.ascontiguousarray(values))
 
     def configure(self, cfg: Config, info: ProcessInfo, gpu: int | None) -> None:
-        threads = cfg.train.threads or default_threads(info.local_size)
+        threads = cfg.train.threads or default_threads(info)
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
         if gpu is not None:  # Horovod's local-rank pinning: this rank sees one GPU

@@ -38,7 +38,7 @@ class TorchBackend(Backend):
         return torch.from_numpy(np.require(values, requirements=["C", "W"]))
 
     def configure(self, cfg: Config, info: ProcessInfo, gpu: int | None) -> None:
-        torch.set_num_threads(cfg.train.threads or default_threads(info.local_size))
+        torch.set_num_threads(cfg.train.threads or default_threads(info))
         if gpu is not None:  # Horovod's local-rank pinning
             torch.cuda.set_device(gpu)
             self.device = torch.device("cuda", gpu)

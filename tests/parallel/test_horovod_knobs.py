@@ -4,6 +4,7 @@ back, response cache, gradient groups; real 2-rank runs, files Horovod itself wr
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -55,3 +56,20 @@ def test_gradient_groups_and_no_response_cache_give_the_same_weights(tmp_path, b
     bitwise_equal(plain / "final.safetensors", grouped / "final.safetensors")
     knobs = json.loads((grouped / "manifest.json").read_text())["horovod_env"]
     assert knobs["HOROVOD_CACHE_CAPACITY"] == "0"
+
+
+def test_ranks_the_launcher_left_unbound_bind_to_their_own_cores_and_yield_in_mpi(tmp_path):
+    """Defect (issue 13): under `--bind-to none` (horovodrun's and hvtrain launch's default) both
+    ranks' threads floated over both cores and OpenMPI spun while Horovod's thread waited: np=2
+    ran at 0.3-0.6 of two independent ranks, bimodal. Each rank now takes its own cores and
+    OpenMPI yields; `train.cpu_binding: none` and `horovod.mpi_yield: false` leave both alone."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = len(cores) // 2
+    mpirun2("--output-dir", str(tmp_path / "auto"))
+    manifest = json.loads((tmp_path / "auto" / "manifest.json").read_text())
+    assert manifest["rank_cpus"] == [cores[:half], cores[half:2 * half]]
+    assert manifest["mpi_env"]["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    mpirun2("--set", "train.cpu_binding=none", "--set", "horovod.mpi_yield=false", "--output-dir", str(tmp_path / "off"))
+    manifest = json.loads((tmp_path / "off" / "manifest.json").read_text())
+    assert manifest["rank_cpus"] == [cores, cores]
+    assert "OMPI_MCA_mpi_yield_when_idle" not in manifest["mpi_env"]

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from hvtrain.config import HorovodConfig
-from hvtrain.dist import best_autotuned, horovod_env, local_gpu
+from hvtrain.dist import ProcessInfo, best_autotuned, cpu_share, default_threads, horovod_env, local_gpu, mpi_env
 from hvtrain.errors import HvtrainError, LaunchError
 
 MB64 = str(64 * 1024 * 1024)
@@ -110,3 +110,37 @@ def test_a_bad_autotune_log_is_a_located_config_error(tmp_path, text, where):
         load_config({"name": "t", "data": {"dataset": "sklearn:digits"},
                      "model": {"layers": [{"type": "dense", "units": 10}]},
                      "horovod": {"autotune_from": str(log)}})
+
+
+# ----------------------------------------------------------------------------- CPU binding, MPI yield
+
+
+def test_ranks_left_unbound_split_the_hosts_cores_contiguously():
+    masks = [(0, 1, 2, 3)] * 2
+    assert [cpu_share(r, 2, masks) for r in range(2)] == [(0, 1), (2, 3)]
+    assert [cpu_share(r, 3, [(0, 1, 2, 3, 4, 5, 6)] * 3) for r in range(3)] == [(0, 1), (2, 3), (4, 5)]
+
+
+@pytest.mark.parametrize("local_rank,local_size,masks", [
+    (0, 1, [(0, 1)]),                  # one rank on the host: nothing to share
+    (0, 2, [(0,), (1,)]),              # the launcher bound the ranks already (--bind-to core, srun)
+    (1, 2, [(0, 1), (0, 1, 2, 3)]),    # masks differ: someone else decided
+    (0, 4, [(0, 1)] * 4),              # fewer cores than ranks: binding would stack ranks anyway
+    (0, 2, [(0, 1)]),                  # a rank's mask missing: do not guess
+])
+def test_binding_is_left_alone_when_it_is_not_ours_to_do(local_rank, local_size, masks):
+    assert cpu_share(local_rank, local_size, masks) == ()
+
+
+def test_bound_ranks_use_their_own_cores_as_threads():
+    assert default_threads(ProcessInfo(0, 2, 0, 2, "mpi", cpus=(4, 5, 6))) == 3
+    unbound = default_threads(ProcessInfo(0, 2, 0, 2, "mpi"))
+    assert unbound == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def test_mpi_yield_is_set_before_mpi_starts_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
+    assert mpi_env(HorovodConfig()) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert mpi_env(HorovodConfig(mpi_yield=False)) == {}
+    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")
+    assert mpi_env(HorovodConfig()) == {}
