@@ -87,17 +87,17 @@ def default_threads(info: ProcessInfo) -> int:
     return max(1, cores // max(1, info.local_size))
 
 
-def cpu_share(local_rank: int, local_size: int, masks_on_host: list[tuple[int, ...]]) -> tuple[int, ...]:
+def cpu_share(local_rank: int, local_size: int, mask: tuple[int, ...],
+              launcher_mask: tuple[int, ...]) -> tuple[int, ...]:
     """The cores a rank binds itself to under `train.cpu_binding: auto`: its contiguous
-    1/local_size of the host's cores, when the launcher left every local rank the same set of at
-    least local_size cores (`--bind-to none`, horovodrun's default). () when binding is not ours to
-    do: one rank on the host, a launcher or scheduler already bound the ranks (masks differ), or
-    fewer cores than ranks. Measured (bench/): 2 ranks on 2 cores, unbound ranks' Horovod threads
-    land on the other rank's core and the np=2 step is bimodal (0.3-0.6 of the bound one)."""
-    mine = tuple(sorted(masks_on_host[local_rank])) if local_rank < len(masks_on_host) else ()
-    if local_size <= 1 or len(masks_on_host) != local_size or len(mine) < local_size:
-        return ()
-    if any(tuple(sorted(m)) != mine for m in masks_on_host):
+    1/local_size of `mask` (the cores it may use), when the launcher left it every core the
+    launcher itself has (`--bind-to none`, horovodrun's default: the rank's mask is its parent's).
+    () when binding is not ours to do: one rank on the host, a launcher or scheduler bound the rank
+    already (`mpirun --bind-to core`, `srun --cpu-bind`: its mask differs from its parent's), or
+    fewer cores than ranks. Measured (bench/levers.py): 2 ranks on 2 cores, unbound, each rank's
+    Horovod thread spun on the other rank's core and the np=2 step was bimodal."""
+    mine = tuple(sorted(mask))
+    if local_size <= 1 or mine != tuple(sorted(launcher_mask)) or len(mine) < local_size:
         return ()
     per = len(mine) // local_size
     return mine[local_rank * per:(local_rank + 1) * per]

@@ -81,6 +81,11 @@ def versions(backend: str) -> dict[str, str | None]:
             "horovod": getattr(sys.modules.get("horovod"), "__version__", None)}
 
 
+# OpenMPI's own wiring of this job (daemon URIs, session dirs, transport keys): not settings
+LAUNCHER_INTERNAL = ("OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir", "OMPI_MCA_shmem_",
+                     "OMPI_MCA_mpi_oversubscribe")
+
+
 def build(cfg: Config, hosts: list[str], world_size: int, cpus: list[list[int]] | None = None) -> dict[str, Any]:
     """The manifest (rank 0), given every rank's host name (and cores it may run on) in rank order."""
     from hvtrain.launch.mpi import detect
@@ -99,7 +104,8 @@ def build(cfg: Config, hosts: list[str], world_size: int, cpus: list[list[int]] 
         "rank_cpus": cpus,
         "cpu_binding": cfg.train.cpu_binding,
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
-        "mpi_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMPI_MCA_", "PRTE_MCA_"))},
+        "mpi_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMPI_MCA_", "PRTE_MCA_"))
+                    and not k.startswith(LAUNCHER_INTERNAL)},
         "scheduler": {k: os.environ[k] for k in JOB_VARS if k in os.environ},
         "config_hash": config_hash(cfg),
         "git": _BEFORE_MPI["git"] if _BEFORE_MPI.get("cwd") == os.getcwd() else git_commit(os.getcwd()),

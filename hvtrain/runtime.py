@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -93,11 +92,14 @@ class Runtime:
 
     def _bind_cpus(self) -> tuple[int, ...]:
         """Every thread of this process (Horovod's background thread included; threads started
-        later inherit it) onto this rank's share of the host's cores, if it is ours to choose."""
-        host = socket.gethostname()
-        facts = self.allgather_object((host, self.info.local_rank, tuple(sorted(os.sched_getaffinity(0)))))
-        on_host = [mask for _, _, mask in sorted((f for f in facts if f[0] == host), key=lambda f: f[1])]
-        cpus = cpu_share(self.info.local_rank, self.info.local_size, on_host)
+        later inherit it) onto this rank's share of the host's cores, if it is ours to choose.
+        No collective: it runs before the backend configures its framework (a TF tensor made
+        now would fix TF's thread pools before the backend sizes them)."""
+        try:
+            launcher_mask = tuple(os.sched_getaffinity(os.getppid()))
+        except OSError:  # the parent is gone or not ours to read: leave placement alone
+            return ()
+        cpus = cpu_share(self.info.local_rank, self.info.local_size, tuple(os.sched_getaffinity(0)), launcher_mask)
         for tid in os.listdir("/proc/self/task") if cpus else ():
             try:
                 os.sched_setaffinity(int(tid), cpus)

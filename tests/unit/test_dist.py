@@ -116,20 +116,20 @@ def test_a_bad_autotune_log_is_a_located_config_error(tmp_path, text, where):
 
 
 def test_ranks_left_unbound_split_the_hosts_cores_contiguously():
-    masks = [(0, 1, 2, 3)] * 2
-    assert [cpu_share(r, 2, masks) for r in range(2)] == [(0, 1), (2, 3)]
-    assert [cpu_share(r, 3, [(0, 1, 2, 3, 4, 5, 6)] * 3) for r in range(3)] == [(0, 1), (2, 3), (4, 5)]
+    host = (0, 1, 2, 3)
+    assert [cpu_share(r, 2, host, host) for r in range(2)] == [(0, 1), (2, 3)]
+    seven = (0, 1, 2, 3, 4, 5, 6)
+    assert [cpu_share(r, 3, seven, seven) for r in range(3)] == [(0, 1), (2, 3), (4, 5)]
 
 
-@pytest.mark.parametrize("local_rank,local_size,masks", [
-    (0, 1, [(0, 1)]),                  # one rank on the host: nothing to share
-    (0, 2, [(0,), (1,)]),              # the launcher bound the ranks already (--bind-to core, srun)
-    (1, 2, [(0, 1), (0, 1, 2, 3)]),    # masks differ: someone else decided
-    (0, 4, [(0, 1)] * 4),              # fewer cores than ranks: binding would stack ranks anyway
-    (0, 2, [(0, 1)]),                  # a rank's mask missing: do not guess
+@pytest.mark.parametrize("local_rank,local_size,mask,launcher", [
+    (0, 1, (0, 1), (0, 1)),            # one rank on the host: nothing to share
+    (1, 2, (1,), (0, 1)),              # the launcher bound the rank already (--bind-to core, srun)
+    (0, 2, (0, 1), (0, 1, 2, 3)),      # bound to a socket by the launcher: its choice
+    (0, 4, (0, 1), (0, 1)),            # fewer cores than ranks: binding would stack ranks anyway
 ])
-def test_binding_is_left_alone_when_it_is_not_ours_to_do(local_rank, local_size, masks):
-    assert cpu_share(local_rank, local_size, masks) == ()
+def test_binding_is_left_alone_when_it_is_not_ours_to_do(local_rank, local_size, mask, launcher):
+    assert cpu_share(local_rank, local_size, mask, launcher) == ()
 
 
 def test_bound_ranks_use_their_own_cores_as_threads():
