@@ -1,4 +1,5 @@
 # make setup | make demo | make test | make bench | make lint
+# make bench: BENCHMARKS.md (~20 min); BENCH_QUICK=1 make bench: the smoke run; BENCH_REPEATS=N
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2

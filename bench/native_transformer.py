@@ -1,8 +1,9 @@
 """The peer for examples/digits_transformer.yaml: the same model written natively in one framework,
 trained by a plain loop (no hvtrain, no Horovod), same data, batch, optimizer and threads.
 
-    python bench/native_transformer.py torch|tensorflow EPOCHS
-Prints one JSON line: samples/s of each epoch's training steps (evaluation excluded, as in hvtrain).
+    python bench/native_transformer.py torch|tensorflow EPOCHS [THREADS]   (default: every core)
+Prints one JSON line: samples/s of each epoch's training steps (evaluation excluded, as in hvtrain)
+and the process's peak RSS in MiB.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ def data():
     return cfg, load_dataset(cfg, (8, 8))
 
 
-def run_torch(epochs: int) -> list[float]:
+def run_torch(epochs: int, threads: int) -> list[float]:
     import torch
     from torch import nn
 
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads)
     cfg, ds = data()
 
     class Block(nn.Module):
@@ -69,12 +70,11 @@ def run_torch(epochs: int) -> list[float]:
     return rates
 
 
-def run_tensorflow(epochs: int) -> list[float]:
+def run_tensorflow(epochs: int, threads: int) -> list[float]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import tensorflow as tf
 
-    threads = len(os.sched_getaffinity(0))
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
     cfg, ds = data()
@@ -120,5 +120,9 @@ def run_tensorflow(epochs: int) -> list[float]:
 
 if __name__ == "__main__":
     fw, epochs = sys.argv[1], int(sys.argv[2])
-    rates = run_torch(epochs) if fw == "torch" else run_tensorflow(epochs)
-    print(json.dumps({"framework": fw, "samples_per_sec": rates}))
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else len(os.sched_getaffinity(0))
+    rates = run_torch(epochs, n) if fw == "torch" else run_tensorflow(epochs, n)
+    import resource
+
+    peak = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps({"framework": fw, "samples_per_sec": rates, "peak_rss_mb": peak}))

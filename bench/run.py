@@ -1,103 +1,105 @@
-"""Benchmarks, side by side in one run (these machines are noisy: compare ratios, not absolutes).
+"""`make bench`: every comparison side by side in one invocation, then BENCHMARKS.md.
 
-1. CLI start-up of login-node commands (`hosts check`, `launch --dry-run`): wall time.
-2. hvtrain vs a hand-written Horovod loop (bench/handwritten_torch.py), torch, 2 ranks,
-   same model/batch/threads/Horovod settings, runs interleaved; median samples/s of the
-   epochs after the first (warm-up).
-3. The transformer example (examples/digits_transformer.yaml) vs the same model written natively
-   in each framework (bench/native_transformer.py), 1 process, runs interleaved, same medians.
-4. Datasets larger than memory (bench/data_scale.py): 0.25 GB vs 4 GB `npy:` data, 2 ranks,
-   peak RSS per rank and samples/s (bench/results/data_scale.json).
+Each section is a module of bench/ with `run(quick: bool) -> dict` (the record described in
+bench/common.py); the sides of a comparison alternate (A, B, C, A, B, C, ...) for BENCH_REPEATS
+repetitions (default 3) and are reported as median, spread (min-max) and ratios.
 
-Writes bench/results/latest.json and prints a summary. Usage: make bench  (or python bench/run.py)
+    python bench/run.py [--quick] [--only SECTION[,SECTION]] [--out DIR] [--report FILE]
+
+Full mode writes bench/results/<section>.json, bench/results/latest.json and BENCHMARKS.md at the
+repository root. --quick (or BENCH_QUICK=1) is the smoke version CI runs: tiny steps and sizes,
+one repetition, no goal judged, written to bench/results/quick/ (ignored by git) with its own
+BENCHMARKS-quick.md, so it never replaces the committed numbers. --only re-runs some sections and
+keeps the others' last results in latest.json and the report.
+
+A section that fails does not stop the others; the run ends with exit status 1 naming every
+failed section, and the report shows the failure in the section's place.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
-import statistics
-import subprocess
+import signal
 import sys
-import tempfile
 import time
+import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HOROVOD_CYCLE_TIME": os.environ.get("HOROVOD_CYCLE_TIME", "5")}
-REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import report  # noqa: E402
+from common import ROOT, repeats  # noqa: E402
+
+SECTIONS = ("startup", "torch_dp", "tf_dp", "allreduce", "weak_scaling", "levers", "plan_check",
+            "transformer", "data_scale")
 
 
-def timed(argv: list[str]) -> float:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
+                   help="smoke run: tiny sizes, one repetition, nothing judged (default: BENCH_QUICK=1)")
+    p.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], default=list(SECTIONS),
+                   help=f"comma-separated sections, of: {','.join(SECTIONS)}")
+    p.add_argument("--out", type=Path, help="results directory (default bench/results, quick: bench/results/quick)")
+    p.add_argument("--report", type=Path,
+                   help="markdown report (default BENCHMARKS.md, quick: OUT/BENCHMARKS-quick.md)")
+    args = p.parse_args(argv)
+    unknown = [s for s in args.only if s not in SECTIONS]
+    if unknown:
+        p.error(f"unknown section(s) {', '.join(unknown)}; expected some of {', '.join(SECTIONS)}")
+    args.out = args.out or ROOT / ("bench/results/quick" if args.quick else "bench/results")
+    args.report = args.report or (args.out / "BENCHMARKS-quick.md" if args.quick else ROOT / "BENCHMARKS.md")
+    return args
+
+
+def run_section(name: str, quick: bool) -> dict:
     t0 = time.perf_counter()
-    subprocess.run(argv, cwd=ROOT, env=ENV, check=True, capture_output=True)
-    return time.perf_counter() - t0
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        section = importlib.import_module(name).run(quick)
+    except Exception:  # noqa: BLE001 - reported in the section's place, and the run fails at the end
+        return {"title": name, "error": traceback.format_exc(limit=4), "when": started,
+                "seconds": round(time.perf_counter() - t0, 1)}
+    missing = {"title", "goal", "columns", "rows", "met", "notes", "raw"} - set(section)
+    if missing:
+        return {"title": name, "error": f"bench/{name}.py run() returned no {sorted(missing)}", "when": started}
+    return {**section, "when": started, "seconds": round(time.perf_counter() - t0, 1), "repeats": repeats(quick)}
 
 
-def startup() -> dict:
-    hv = [sys.executable, "-m", "hvtrain"]
-    cases = {"hosts_check": hv + ["hosts", "check", "hostfiles/example-cluster"],
-             "launch_dry_run": hv + ["launch", "-np", "2", "--dry-run", "--", "train", "examples/digits_mlp.yaml"],
-             "python_baseline": [sys.executable, "-c", "pass"]}
-    return {name: statistics.median(timed(argv) for _ in range(5)) for name, argv in cases.items()}
-
-
-def hvtrain_rate(tmp: Path) -> float:
-    out = tmp / "hv"
-    subprocess.run([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", sys.executable, "-m", "hvtrain",
-                    "train", "bench/mlp.yaml", "--quiet", "--output-dir", str(out)],
-                   cwd=ROOT, env=ENV, check=True, capture_output=True)
-    rates = [json.loads(line)["samples_per_sec"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(rates[1:])
-
-
-def handwritten_rate() -> float:
-    proc = subprocess.run([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", sys.executable,
-                           "bench/handwritten_torch.py", "4", "10", "512"],
-                          cwd=ROOT, env=ENV, check=True, capture_output=True, text=True)
-    line = next(ln for ln in proc.stdout.splitlines() if "samples_per_sec" in ln)
-    return statistics.median(json.loads(line[line.index("{"):line.rindex("}") + 1])["samples_per_sec"][1:])
-
-
-def transformer_rates(framework: str, tmp: Path, epochs: int = 5) -> tuple[float, float]:
-    out = tmp / f"tr-{framework}"
-    subprocess.run([sys.executable, "-m", "hvtrain", "train", "examples/digits_transformer.yaml", "--backend",
-                    framework, "--quiet", "--set", f"train.epochs={epochs}", "--output-dir", str(out)],
-                   cwd=ROOT, env=ENV, check=True, capture_output=True)
-    hv = [json.loads(line)["samples_per_sec"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    proc = subprocess.run([sys.executable, "bench/native_transformer.py", framework, str(epochs)],
-                          cwd=ROOT, env=ENV, check=True, capture_output=True, text=True)
-    native = json.loads(proc.stdout.strip().splitlines()[-1])["samples_per_sec"]
-    return statistics.median(hv[1:]), statistics.median(native[1:])
-
-
-def main() -> None:
-    results: dict = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "startup_seconds": startup()}
-    hv, hand = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(REPEATS):  # interleaved, so drift on the machine hits both
-            hv.append(hvtrain_rate(Path(tmp)))
-            hand.append(handwritten_rate())
-        results["torch_np2_mlp"] = {
-            "hvtrain_samples_per_sec": hv, "handwritten_samples_per_sec": hand,
-            "time_per_step_ratio_hvtrain_over_handwritten": statistics.median(hand) / statistics.median(hv),
-            "horovod_cycle_time_ms": ENV["HOROVOD_CYCLE_TIME"]}
-        for framework in ("torch", "tensorflow"):
-            pairs = [transformer_rates(framework, Path(tmp)) for _ in range(REPEATS)]
-            hv_t, native_t = [p[0] for p in pairs], [p[1] for p in pairs]
-            results[f"{framework}_transformer_example"] = {
-                "hvtrain_samples_per_sec": hv_t, "native_samples_per_sec": native_t,
-                "time_per_step_ratio_hvtrain_over_native": statistics.median(native_t) / statistics.median(hv_t)}
-    out = ROOT / "bench/results/latest.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
-    sys.path.insert(0, str(ROOT / "bench"))
-    import data_scale
-
-    data_scale.main()
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    # SIGTERM ends the run like Ctrl-C: the running benchmark's process group is killed on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    args.out.mkdir(parents=True, exist_ok=True)
+    latest_path = args.out / "latest.json"
+    previous = json.loads(latest_path.read_text()) if latest_path.is_file() else {}
+    keep = {k: v for k, v in previous.get("sections", {}).items() if k in SECTIONS and k not in args.only}
+    latest = {"quick": args.quick, "repeats": repeats(args.quick),
+              "machine": report.machine(), "sections": keep}
+    t0 = time.perf_counter()
+    for name in [s for s in SECTIONS if s in args.only]:
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        section = run_section(name, args.quick)
+        latest["sections"][name] = section
+        (args.out / f"{name}.json").write_text(json.dumps(section, indent=2) + "\n")
+        status = "FAILED" if "error" in section else f"met={section['met']}"
+        print(f"bench: {name} done in {section.get('seconds', 0):.0f} s, {status}", file=sys.stderr, flush=True)
+    latest["seconds"] = round(time.perf_counter() - t0, 1)
+    latest["sections"] = {k: latest["sections"][k] for k in SECTIONS if k in latest["sections"]}
+    latest_path.write_text(json.dumps(latest, indent=2) + "\n")
+    args.report.write_text(report.render(latest))
+    print(report.summary(latest))
+    print(f"bench: {latest['seconds']:.0f} s; results in {args.out}, report {args.report}", file=sys.stderr)
+    failed = {k: v["error"] for k, v in latest["sections"].items() if "error" in v and k in args.only}
+    for name, error in failed.items():
+        print(f"\nbench: section {name} FAILED:\n{error}", file=sys.stderr)
+    if failed:
+        print(f"bench: {len(failed)} section(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
