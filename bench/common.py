@@ -144,6 +144,12 @@ def run_together(argvs: Sequence[Sequence[str]], timeout: float,
     procs = [_start(argv, env) for argv, env in zip(argvs, envs, strict=True)]
     deadline = time.monotonic() + timeout
     try:
+        # the first to fail is reported (its own output), not a survivor left waiting for it
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            failed = [(argv, p) for argv, p in zip(argvs, procs, strict=True) if p.poll() not in (None, 0)]
+            if failed:
+                return [_finish(*failed[0], deadline, timeout)]  # raises BenchError with its output
+            time.sleep(0.2)
         return [_finish(argv, p, deadline, timeout) for argv, p in zip(argvs, procs, strict=True)]
     finally:
         for p in procs:

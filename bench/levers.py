@@ -98,18 +98,19 @@ def run(quick: bool) -> dict:
             f"MLP 64-1024-1024-10, batch {BATCH} per rank, {steps} steps x {epochs} epochs (first is warm-up), one "
             "thread per rank unless the row says otherwise; every side `hvtrain launch -np 2` (horovodrun, "
             "`--bind-to none`), the lever given by `--set`.",
-            "Profile behind the defaults (2026-11-30, this machine; per-thread /proc/<pid>/task/*/schedstat over 10 s "
-            "of np=2 training, batch 128 per rank; an mpi4py Allreduce of the 4.5 MB gradient): the raw "
+            "One-off profile behind the defaults (not re-measured by make bench: 2026-11-30, this machine, the same "
+            "MLP at batch 128 per rank; per-thread /proc/<pid>/task/*/schedstat over 10 s of np=2 training; an "
+            "mpi4py Allreduce of the 4.5 MB gradient): the raw "
             "MPI_Allreduce takes ~0.7 ms, so bytes do not explain the step. Before (unbound, spinning, 5 ms): each "
             "rank's Horovod background thread used 24-26% of a core (it busy-polls inside each cycle's negotiation "
             "MPI_Allreduce until the other rank arrives) and the compute threads 73%, waiting 27% of the time for a "
             "core; 9.5k samples/s. Defaults (bound, yielding, 1 ms): background threads 15-16%, compute threads 83% "
             "(17% waiting); 14.0k samples/s, the same run's ceiling ~18k.",
-            "What is left (~0.2 of the ceiling): the background thread's ~2.9 ms of CPU a step (fusion-buffer "
-            "copies, the reduction, the scale by 1/size, negotiation, yields: ~14k context switches/s) runs on the "
-            "rank's only core, and the main thread waits for it at the end of the step (Horovod's torch "
-            "synchronize); two independent ranks pay none of it. Overlap cannot hide CPU work when each rank has "
-            "one core.",
+            "What is left (in that profile ~0.2 of the ceiling): the background thread's ~2.9 ms of CPU a step "
+            "(fusion-buffer copies, the reduction, the scale by 1/size, negotiation, yields: ~14k context "
+            "switches/s) runs on the rank's only core, and the main thread waits for it at the end of the "
+            "step (Horovod's torch synchronize); two independent ranks pay none of it. Overlap cannot hide CPU "
+            "work when each rank has one core.",
         ],
         "raw": {"workload": {"per_rank_batch": BATCH, "steps_per_epoch_per_rank": steps, "epochs": epochs},
                 "runs": runs},

@@ -79,9 +79,9 @@ class TrainConfig:
     grad_accumulation: int = 1
     compression: Literal["none", "fp16"] = "none"
     log_every: int = 20  # steps between progress-bar loss updates (the only host syncs)
-    threads: int = 0  # intra-op threads per rank; 0 = the cores this rank may use (below)
-    # auto: when the launcher left every rank of a host all of its cores, each rank binds itself (all
-    # its threads) to its own 1/local_size of them; none: leave placement to the OS / the launcher
+    threads: int = 0  # intra-op threads per rank; 0 = its bound CPUs (below), else its CPUs / local ranks
+    # auto: when nobody bound or confined a rank (it may use every CPU of the host), each rank binds
+    # itself (all its threads) to its own 1/local_size of them; none: leave placement to the OS / launcher
     cpu_binding: Literal["auto", "none"] = "auto"
     checkpoint_every: int = 0  # 0 = no checkpoints; counted in checkpoint_unit
     checkpoint_unit: Literal["epoch", "step"] = "epoch"

@@ -76,31 +76,46 @@ def launched_with_gloo() -> bool:
 
 
 def default_threads(info: ProcessInfo) -> int:
-    """Intra-op threads per rank: the cores it bound itself to, else this host's usable cores
-    shared by its ranks."""
+    """Intra-op threads per rank: the CPUs it bound itself to, else the CPUs it may use shared by
+    its host's ranks (a launcher that bound each rank to its own CPUs leaves it fewer: set
+    train.threads then)."""
     if info.cpus:
         return len(info.cpus)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    cores = len(affinity()) or os.cpu_count() or 1
     return max(1, cores // max(1, info.local_size))
 
 
-def cpu_share(local_rank: int, local_size: int, mask: tuple[int, ...],
-              launcher_mask: tuple[int, ...]) -> tuple[int, ...]:
-    """The cores a rank binds itself to under `train.cpu_binding: auto`: its contiguous
-    1/local_size of `mask` (the cores it may use), when the launcher left it every core the
-    launcher itself has (`--bind-to none`, horovodrun's default: the rank's mask is its parent's).
-    () when binding is not ours to do: one rank on the host, a launcher or scheduler bound the rank
-    already (`mpirun --bind-to core`, `srun --cpu-bind`: its mask differs from its parent's), or
-    fewer cores than ranks. Measured (bench/levers.py): 2 ranks on 2 cores, unbound, each rank's
-    Horovod thread spun on the other rank's core and the np=2 step was bimodal."""
-    mine = tuple(sorted(mask))
-    if local_size <= 1 or mine != tuple(sorted(launcher_mask)) or len(mine) < local_size:
+def affinity() -> tuple[int, ...]:
+    """The CPUs this thread may run on (Linux); () where the OS does not say."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
         return ()
-    per = len(mine) // local_size
-    return mine[local_rank * per:(local_rank + 1) * per]
+
+
+def topology_key(cpu: int) -> tuple[int, int, int]:
+    """(socket, physical core, cpu) from sysfs: sorting by it keeps a core's hyperthreads and a
+    socket's cores next to each other, so a contiguous share is whole cores of one socket."""
+    base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return int((base / "physical_package_id").read_text()), int((base / "core_id").read_text()), cpu
+    except (OSError, ValueError):
+        return 0, cpu, cpu
+
+
+def cpu_share(local_rank: int, local_size: int, mask: tuple[int, ...], host_cpus: int,
+              key: Any = None) -> tuple[int, ...]:
+    """The CPUs a rank binds itself to under `train.cpu_binding: auto`: its 1/local_size of the
+    host's CPUs in topology order (`key`; the remainder spread one each over the first ranks),
+    when the rank may run on every CPU of the host (`mask` has all `host_cpus`): nobody, launcher,
+    scheduler or container, bound or confined it. () otherwise, and for one rank on the host or
+    fewer CPUs than ranks. Measured (bench/levers.py): 2 ranks on 2 cores, unbound, each rank's
+    Horovod thread spun on the other rank's core and the np=2 step was bimodal."""
+    if local_size <= 1 or len(mask) != host_cpus or len(mask) < local_size:
+        return ()
+    cpus = sorted(mask, key=key)
+    lo, hi = local_rank * len(cpus) // local_size, (local_rank + 1) * len(cpus) // local_size
+    return tuple(sorted(cpus[lo:hi]))
 
 
 def mpi_env(h: Any) -> dict[str, str]:

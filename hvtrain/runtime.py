@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hvtrain.dist import ProcessInfo, cpu_share, horovod_env, launched_with_gloo
+from hvtrain.dist import ProcessInfo, affinity, cpu_share, horovod_env, launched_with_gloo, topology_key
 from hvtrain.errors import HvtrainError
 
 
@@ -38,6 +38,9 @@ def grouped_allreduce(hvd: Any, tensors: list[Any], num_groups: int, name: str, 
         out += hvd.grouped_allreduce(tensors[start:stop], name=f"{name}.{i}", **kwargs)
         start = stop
     return out
+
+
+_PROCESS_BINDING: dict[str, tuple[int, ...]] = {}  # the CPUs this process bound itself to (once)
 
 
 class Runtime:
@@ -70,8 +73,9 @@ class Runtime:
             comm: an mpi4py communicator shared with Horovod (pipelines exchange activations on it).
             groups: ranks of each Horovod process set (a pipeline stage's data-parallel replicas).
             out_dir: where relative timeline / autotune log paths go (rank 0 writes them).
-            cpu_binding: "auto" binds each rank's threads to its share of the host's cores
-                (dist.cpu_share; not for elastic runs, whose hosts change).
+            cpu_binding: "auto" binds each rank's threads to its share of the host's CPUs
+                (dist.cpu_share; not for elastic runs, whose hosts change; not when the user set
+                HOROVOD_THREAD_AFFINITY).
         """
         self.elastic = elastic
         os.environ.update(horovod_env(horovod_cfg, elastic, out_dir))
@@ -92,19 +96,20 @@ class Runtime:
 
     def _bind_cpus(self) -> tuple[int, ...]:
         """Every thread of this process (Horovod's background thread included; threads started
-        later inherit it) onto this rank's share of the host's cores, if it is ours to choose.
-        No collective: it runs before the backend configures its framework (a TF tensor made
-        now would fix TF's thread pools before the backend sizes them)."""
-        try:
-            launcher_mask = tuple(os.sched_getaffinity(os.getppid()))
-        except OSError:  # the parent is gone or not ours to read: leave placement alone
-            return ()
-        cpus = cpu_share(self.info.local_rank, self.info.local_size, tuple(os.sched_getaffinity(0)), launcher_mask)
+        later inherit it) onto this rank's share of the host's CPUs, if it is ours to choose; once
+        per process (a later session keeps the first one's). No collective: it runs before the
+        backend configures its framework (a TF tensor made now would fix TF's thread pools before
+        the backend sizes them)."""
+        if "cpus" in _PROCESS_BINDING:
+            return _PROCESS_BINDING["cpus"]
+        cpus = () if "HOROVOD_THREAD_AFFINITY" in os.environ else \
+            cpu_share(self.info.local_rank, self.info.local_size, affinity(), os.cpu_count() or 0, topology_key)
         for tid in os.listdir("/proc/self/task") if cpus else ():
             try:
                 os.sched_setaffinity(int(tid), cpus)
             except OSError:  # the thread ended meanwhile
                 pass
+        _PROCESS_BINDING["cpus"] = cpus
         return cpus
 
     def _read_info(self, controller: str) -> ProcessInfo:

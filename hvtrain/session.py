@@ -19,7 +19,7 @@ import numpy as np
 
 from hvtrain.config import Config, load_config
 from hvtrain.data import Dataset, load_dataset
-from hvtrain.dist import elastic_launch, mpi_env, setting
+from hvtrain.dist import affinity, elastic_launch, mpi_env, setting
 from hvtrain.errors import ConfigError, DataError, HvtrainError
 from hvtrain.spec import ModelSpec, build_spec, check_against_data, check_weights
 
@@ -110,7 +110,8 @@ class Session:
         self.runtime = Runtime(self.backend.horovod_module, self.backend.as_tensor, self.backend.collective_errors)
         self.comm = self.plan = None
         groups = None
-        os.environ.update(mpi_env(cfg.horovod))  # before MPI starts (mpi4py or hvd.init)
+        if not _mpi_started(self.runtime):  # else too late: the manifest must not claim it
+            os.environ.update(mpi_env(cfg.horovod))
         if pipelined and cfg.pipelined:
             from mpi4py import MPI
 
@@ -128,8 +129,11 @@ class Session:
                 for name in (h.timeline, h.autotune and (h.autotune_log or AUTOTUNE_LOG)):
                     if name:
                         (cfg.out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        # GPU hosts: the CPU side is not the bottleneck, and a contiguous share may sit on the
+        # other socket from the rank's GPU
+        binding = "none" if self.backend.local_gpus() else cfg.train.cpu_binding
         self.info = self.runtime.init(h, elastic=elastic, comm=self.comm, groups=groups, out_dir=cfg.out_dir,
-                                      cpu_binding=cfg.train.cpu_binding)
+                                      cpu_binding=binding)
 
     def __enter__(self) -> Session:
         with ending_cleanly(self.runtime):
@@ -180,7 +184,7 @@ class Session:
 
             from hvtrain.elastic import Elastic
 
-            write_manifest(cfg, rt, reporter, [socket.gethostname()], [sorted(os.sched_getaffinity(0))])
+            write_manifest(cfg, rt, reporter, [socket.gethostname()], [list(affinity())])
             return fit(run, resume, Elastic(self.backend))
         places, listener, cpus = where_ranks_run(rt, listen=cfg.train.peer_timeout_s > 0)
         write_manifest(cfg, rt, reporter, [place.host for place in places], cpus)
@@ -238,6 +242,14 @@ def _end_job(runtime, exc: BaseException) -> None:
     runtime.abort(exc.exit_code if isinstance(exc, HvtrainError) else 1)
 
 
+def _mpi_started(runtime: Any) -> bool:
+    """MPI already runs in this process (the Python API after the user's own hvd.init or mpi4py)."""
+    import sys
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    return runtime.hvd.is_initialized() or bool(mpi and mpi.Is_initialized())
+
+
 def where_ranks_run(runtime, listen: bool) -> tuple[list[Any], Any, list[list[int]]]:
     """Every rank's host and cores (for the manifest) and, with `listen`, each host's watchdog
     listener (its first rank opens one): one allgather. Returns the places in rank order, this
@@ -250,7 +262,7 @@ def where_ranks_run(runtime, listen: bool) -> tuple[list[Any], Any, list[list[in
     info = runtime.info
     listener = Listener() if listen and info.local_rank == 0 and info.local_size < info.size else None
     mine = (host, local_addresses(), listener.port) if listener else (host, (), 0)
-    gathered = runtime.allgather_object((mine, sorted(os.sched_getaffinity(0))))
+    gathered = runtime.allgather_object((mine, list(affinity())))
     return [Place(*place) for place, _ in gathered], listener, [cpus for _, cpus in gathered]
 
 
@@ -370,12 +382,13 @@ def _loaded(p: Prepared, weights_path: str) -> Iterator[tuple[Session, Any]]:
         yield s, DataParallelSteps(s.backend, s.runtime)
 
 
-def measure_step(p: Prepared, steps: int = 10, warmup: int = 3) -> tuple[float, list[int]]:
+def measure_step(p: Prepared, steps: int = 10, warmup: int = 3, ranks_per_host: int = 1) -> tuple[float, list[int]]:
     """One optimizer step of `p`'s config on this process alone, in ms (the mean of `steps` after
     `warmup`), and the values of each trainable tensor, in the built model's order: the compute
-    time `hvtrain plan --network` measures. The whole model (a pipeline's too) steps on the first
-    rows of the training split; Horovod reduces nothing with one rank. Writes no file: no output
-    directory, checkpoint, timeline or autotune log.
+    time `hvtrain plan --network` measures, with the intra-op threads one of `ranks_per_host`
+    ranks gets (train.threads, else this host's CPUs / ranks_per_host). The whole model (a
+    pipeline's too) steps on the first rows of the training split; Horovod reduces nothing with
+    one rank. Writes no file: no output directory, checkpoint, timeline or autotune log.
 
     Raises:
         HvtrainError: launched with several ranks (one process must measure alone).
@@ -386,7 +399,9 @@ def measure_step(p: Prepared, steps: int = 10, warmup: int = 3) -> tuple[float, 
     from hvtrain.steps import DataParallelSteps
 
     h = replace(p.cfg.horovod, timeline=None, autotune=False)  # files Horovod would write
-    cfg = replace(p.cfg, horovod=h)
+    # threads as one of `ranks_per_host` ranks would have them, not the whole host's
+    threads = p.cfg.train.threads or max(1, (len(affinity()) or os.cpu_count() or 1) // ranks_per_host)
+    cfg = replace(p.cfg, horovod=h, train=replace(p.cfg.train, threads=threads))
     session = Session(cfg, p.spec, pipelined=False)
     if session.info.size > 1:
         raise HvtrainError(f"measuring a step needs one process alone, got {session.info.size} ranks: run "

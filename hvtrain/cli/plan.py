@@ -75,12 +75,13 @@ def plan(config: str, np: int, overrides: tuple[str, ...], gbit: float | None, s
 
         source = "measured"
         try:
-            step_ms, sizes = measure_step(p, steps=MEASURED_STEPS)
+            step_ms, sizes = measure_step(p, steps=MEASURED_STEPS, ranks_per_host=ranks_per_host)
         except BackendUnavailable as exc:
             raise BackendUnavailable(f"measuring a step here needs the config's backend: {exc}; or give "
                                      "--step-ms MS, a step measured elsewhere") from None
         click.echo(f"compute measured on this host: {step_ms:.3f} ms/step ({MEASURED_STEPS} steps, "
-                   f"{p.cfg.backend}, one process)", err=as_json)
+                   f"{p.cfg.backend}, one process with one of {ranks_per_host} rank(s)' share of the CPUs)",
+                   err=as_json)
         if p.spec is not None:
             sizes = None  # the spec also says when each layer's gradients are ready
     net = Network(gbit, latency_us, ranks_per_host, local_gbit)

@@ -115,21 +115,31 @@ def test_a_bad_autotune_log_is_a_located_config_error(tmp_path, text, where):
 # ----------------------------------------------------------------------------- CPU binding, MPI yield
 
 
-def test_ranks_left_unbound_split_the_hosts_cores_contiguously():
+def test_ranks_left_unbound_split_the_hosts_cpus_contiguously():
     host = (0, 1, 2, 3)
-    assert [cpu_share(r, 2, host, host) for r in range(2)] == [(0, 1), (2, 3)]
-    seven = (0, 1, 2, 3, 4, 5, 6)
-    assert [cpu_share(r, 3, seven, seven) for r in range(3)] == [(0, 1), (2, 3), (4, 5)]
+    assert [cpu_share(r, 2, host, 4) for r in range(2)] == [(0, 1), (2, 3)]
+    six = tuple(range(6))  # the remainder goes one each to the first ranks: no CPU left idle
+    assert [cpu_share(r, 4, six, 6) for r in range(4)] == [(0,), (1, 2), (3,), (4, 5)]
 
 
-@pytest.mark.parametrize("local_rank,local_size,mask,launcher", [
-    (0, 1, (0, 1), (0, 1)),            # one rank on the host: nothing to share
-    (1, 2, (1,), (0, 1)),              # the launcher bound the rank already (--bind-to core, srun)
-    (0, 2, (0, 1), (0, 1, 2, 3)),      # bound to a socket by the launcher: its choice
-    (0, 4, (0, 1), (0, 1)),            # fewer cores than ranks: binding would stack ranks anyway
+def test_a_share_is_whole_cores_of_one_socket_in_topology_order():
+    # 2 sockets x 2 cores x 2 hyperthreads, Linux numbering: siblings are cpu and cpu + 4
+    def key(cpu):
+        core = cpu % 4
+        return core // 2, core, cpu
+    host = tuple(range(8))
+    assert [cpu_share(r, 2, host, 8, key) for r in range(2)] == [(0, 1, 4, 5), (2, 3, 6, 7)]
+    assert [cpu_share(r, 4, host, 8, key) for r in range(4)] == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+@pytest.mark.parametrize("local_rank,local_size,mask,host_cpus", [
+    (0, 1, (0, 1), 2),                 # one rank on the host: nothing to share
+    (1, 2, (1,), 2),                   # the launcher bound the rank already (--bind-to core, srun)
+    (0, 2, (0, 1, 2, 3), 8),           # bound to a socket, or a wrapper/container with a cpuset: not ours
+    (0, 4, (0, 1), 2),                 # fewer CPUs than ranks: binding would stack ranks anyway
 ])
-def test_binding_is_left_alone_when_it_is_not_ours_to_do(local_rank, local_size, mask, launcher):
-    assert cpu_share(local_rank, local_size, mask, launcher) == ()
+def test_binding_is_left_alone_when_it_is_not_ours_to_do(local_rank, local_size, mask, host_cpus):
+    assert cpu_share(local_rank, local_size, mask, host_cpus) == ()
 
 
 def test_bound_ranks_use_their_own_cores_as_threads():

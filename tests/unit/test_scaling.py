@@ -181,9 +181,10 @@ def test_estimate_rejects_bad_numbers(kwargs, message):
 @pytest.mark.parametrize("model", PAPER, ids=lambda m: m.model)
 def test_estimate_reproduces_horovods_published_scaling(model):
     """Horovod's README: 512 Pascal GPUs, 4 per server, 25 Gbit/s RoCE: ResNet-101 and Inception V3
-    90%, VGG-16 68%. The estimate from parameter counts and one-GPU speeds lands within 10 points."""
+    90%, VGG-16 68%. The estimate from parameter counts and one-GPU speeds lands within 8 points
+    (tight enough that a model with free communication, 100%, fails the 90% rows)."""
     e = paper_estimate(model)
-    assert abs(e.efficiency - model.efficiency) <= 0.10, (model.model, e.efficiency)
+    assert abs(e.efficiency - model.efficiency) <= 0.08, (model.model, e.efficiency)
 
 
 def test_readme_table_is_what_the_estimate_computes():
@@ -293,7 +294,7 @@ def test_plan_network_measures_here_without_step_ms(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hvtrain", "plan", str(config), "-np", "2", "--network", "64",
                            "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"compute measured on this host: [\d.]+ ms/step \(10 steps, torch, one process\)", proc.stderr)
+    assert re.search(r"compute measured on this host: [\d.]+ ms/step \(10 steps, torch, one process with one of 1 rank", proc.stderr)
     got = json.loads(proc.stdout)
     assert got["compute_source"] == "measured" and got["compute_ms"] > 0 and got["np"] == 2
     assert list(tmp_path.iterdir()) == [config]  # no output directory, checkpoint or log
