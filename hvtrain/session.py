@@ -134,6 +134,13 @@ class Session:
         binding = "none" if self.backend.local_gpus() else cfg.train.cpu_binding
         self.info = self.runtime.init(h, elastic=elastic, comm=self.comm, groups=groups, out_dir=cfg.out_dir,
                                       cpu_binding=binding)
+        if self.info.cpus and cfg.train.threads > len(self.info.cpus):
+            from hvtrain.output import report_warning
+
+            # measured (bench/levers.py): 2 threads on a rank's 1 bound core ran 5x slower
+            report_warning(self.info, f"train.threads is {cfg.train.threads} but this rank bound itself to "
+                           f"{len(self.info.cpus)} CPU(s) {list(self.info.cpus)}: its threads will wait on each "
+                           "other; set train.threads: 0 (its CPUs) or train.cpu_binding: none")
 
     def __enter__(self) -> Session:
         with ending_cleanly(self.runtime):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -75,3 +76,15 @@ def test_ranks_the_launcher_left_unbound_bind_to_their_own_cores_and_yield_in_mp
     manifest = json.loads((tmp_path / "off" / "manifest.json").read_text())
     assert manifest["rank_cpus"] == [cores, cores]
     assert "OMPI_MCA_mpi_yield_when_idle" not in manifest["mpi_env"]
+
+
+def test_more_threads_than_bound_cpus_is_warned_about_by_each_rank(tmp_path):
+    """Defect (issue 13, bench levers): 2 threads per rank on its 1 bound core ran 5x slower,
+    silently. Each rank now says so and how to fix it; training goes on."""
+    n = len(os.sched_getaffinity(0))
+    assert n == os.cpu_count() >= 2, "needs a machine whose CPUs are all this test's"
+    proc = mpirun2("--set", f"train.threads={n}", "--set", "train.epochs=1", "--output-dir", str(tmp_path))
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank} of 2: train.threads is {n} but this rank bound itself to \d+ CPU", proc.stderr), \
+            proc.stderr[-3000:]
+    assert (tmp_path / "final.safetensors").is_file()
