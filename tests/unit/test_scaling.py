@@ -29,6 +29,7 @@ from hvtrain.scaling import (
     spec_gradients,
 )
 from hvtrain.spec import build_spec
+from tests.unit import test_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "examples/digits_mlp.yaml"
@@ -205,17 +206,7 @@ def test_readme_table_is_what_the_estimate_computes():
 
 # ----------------------------------------------------------------------------- CLI
 
-LIGHT = """
-import json, sys
-from hvtrain.cli import main
-sys.argv = ["hvtrain"] + sys.argv[1:]
-try:
-    main()
-except SystemExit as exc:
-    assert exc.code in (0, None), exc.code
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tensorflow", "horovod", "keras", "mpi4py"))
-assert not heavy, heavy
-"""
+LIGHT = test_cli.LIGHT  # the CLI in a fresh process; fails if a framework was imported
 
 
 def test_plan_network_with_step_ms_imports_no_framework():
