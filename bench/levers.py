@@ -38,12 +38,12 @@ BATCH, STEPS, EPOCHS = 512, 12, 5
 QUICK_STEPS, QUICK_EPOCHS = 3, 2
 # name: (--set values, what it shows)
 LEVERS = {
-    "defaults": ((), "bound cores, MPI yields, 5 ms cycle"),
+    "defaults": ((), "bound cores, MPI yields, 1 ms cycle"),
     "unbound": (("train.cpu_binding=none",), "threads of both ranks float over both cores"),
     "MPI spins": (("horovod.mpi_yield=false",), "OpenMPI's default: busy-wait inside MPI"),
     "before (unbound, spinning, 5 ms)": (("train.cpu_binding=none", "horovod.mpi_yield=false",
                                           "horovod.cycle_time_ms=5"), "hvtrain's defaults until issue 13"),
-    "cycle 1 ms": (("horovod.cycle_time_ms=1",), "Horovod's default: the last gradients wait less"),
+    "cycle 5 ms": (("horovod.cycle_time_ms=5",), "the last gradients wait longer for a cycle"),
     "cycle 0.25 ms": (("horovod.cycle_time_ms=0.25",), "more negotiation rounds"),
     "one group": (("horovod.num_groups=1",), "one allreduce after the whole backward: no overlap"),
     "no response cache": (("horovod.cache_capacity=0",), "full negotiation every cycle"),

@@ -29,7 +29,7 @@ def test_examples_load_with_defaults_filled():
     cfg = load_config(ROOT / "examples/digits_mlp.yaml")
     assert cfg.name == "digits-mlp"
     assert cfg.data.batch_size == 32 and cfg.optimizer.momentum == 0.9
-    assert cfg.train.compression == "none" and cfg.horovod.cycle_time_ms == 5.0
+    assert cfg.train.compression == "none" and cfg.horovod.cycle_time_ms == 1.0
     assert cfg.model.layers[1] == {"type": "dropout", "rate": 0.1}
 
 
