@@ -66,7 +66,7 @@ def run_section(name: str, quick: bool) -> dict:
     missing = {"title", "goal", "columns", "rows", "met", "notes", "raw"} - set(section)
     if missing:
         return {"title": name, "error": f"bench/{name}.py run() returned no {sorted(missing)}", "when": started}
-    return {**section, "when": started, "seconds": round(time.perf_counter() - t0, 1), "repeats": repeats(quick)}
+    return {"repeats": repeats(quick), **section, "when": started, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

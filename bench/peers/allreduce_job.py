@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import CONFIGS, emit  # noqa: E402
 
 SIDE = sys.argv[1]
-KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY", "OMPI_MCA_mpi_yield_when_idle")
+KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY", "OMPI_MCA_mpi_yield_when_idle",
+         "BENCH_ALLREDUCE_OP")
 SMALL_TENSORS = 200  # 1-10 KiB each: the case tensor fusion exists for
 if SIDE == "hvtrain":
     from hvtrain.config import load_config
@@ -71,12 +72,14 @@ def hvtrain_reducer():
     info = runtime.init(CFG.horovod, elastic=False, cpu_binding=CFG.train.cpu_binding)
     torch.set_num_threads(1)
     hvd = runtime.hvd
+    # BENCH_ALLREDUCE_OP=sum (a diagnostic): without Average's pass that scales the result by 1/size
+    op = hvd.Sum if os.environ.get("BENCH_ALLREDUCE_OP") == "sum" else hvd.Average
 
     def make(arrays: list[np.ndarray], prefix: str):
         tensors = [torch.from_numpy(a.copy()) for a in arrays]
 
         def once() -> None:
-            handles = [hvd.allreduce_async_(t, name=f"{prefix}.{i}", op=hvd.Average) for i, t in enumerate(tensors)]
+            handles = [hvd.allreduce_async_(t, name=f"{prefix}.{i}", op=op) for i, t in enumerate(tensors)]
             for h in handles:
                 hvd.synchronize(h)
         return once
