@@ -1,7 +1,25 @@
 """TensorFlowStage: one pipeline stage (a slice of the neutral layers) on this rank.
 
-Each live micro-batch keeps its own GradientTape (eager): backward(key) asks that tape for
-the gradients of the stage's variables and of its input, given the output's gradient."""
+Every step of a micro-batch is compiled: one tf.function per mode (training, or inference for a
+padding micro-batch) with input signatures whose batch dimension is free, so nothing retraces.
+
+- First and middle stages: forward(key) runs the compiled call under a GradientTape. TF records
+  the call as one op whose forward also returns the intermediates its backward needs, so
+  backward(key) runs that call's compiled backward (nothing recomputed: dropout masks and batchnorm
+  updates happen once, in the forward) and one compiled call accumulates the variables' gradients.
+  Stage 0's inputs pass through tf.stop_gradient inside the call, or the recorded backward would
+  compute the model input's gradient too.
+- The last stage: forward_loss(key) is forward, loss, backward and accumulation in one compiled
+  call; backward(key) returns the inputs' gradients it kept.
+- reduce_gradients and apply_update: one compiled call each.
+
+Measured on one thread, stage 0 (two 512-wide dense layers, a micro-batch of 256 rows), forward and
+backward: eager tape 16.2 ms; tape around the compiled call 16.7 ms, 13.2 ms with stop_gradient;
+the forward recomputed inside one compiled backward 17.5 ms; both in one graph (only the last stage
+can: the others wait for their outputs' gradients) 12.5 ms. A step of 8 such micro-batches and the
+update: stage 0 137 -> 119 ms, last stage 189 -> 134 ms; with small ops (256 wide, 8 rows a
+micro-batch, 4 micro-batches) 21 -> 10 ms and 33 -> 6.5 ms.
+"""
 
 from __future__ import annotations
 
@@ -40,75 +58,130 @@ class TensorFlowStage(StageEngine):
         self.loss_fn = LOSSES[cfg.loss]
         self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
         self.first = sources == (INPUT,) and self.layers[0].index == 0
-        self.graphs: dict[int, tuple] = {}
+        # micro-batch -> (tape, inputs, outputs) until its backward; on the last stage, its inputs' gradients
+        self.live: dict[int, Any] = {}
         self.grads: list[tf.Tensor] | None = None
         self.loss_acc = 0.0
+        self._compile()
 
-    def _run(self, key: int, xs: list[np.ndarray], padding: bool, finish=None) -> list[tf.Tensor]:
-        inps = [tf.constant(x) for x in xs]
-        with tf.device(self.device), tf.GradientTape() as tape:
-            if not self.first:
-                for t in inps:
-                    if t.dtype.is_floating:
-                        tape.watch(t)
-            out = self.model(inps[0] if len(inps) == 1 else inps, training=not padding)
-            outs = [tf.cast(o, tf.float32) for o in (out if isinstance(out, (list, tuple)) else [out])]
-            targets = [finish(outs[0])] if finish else outs
-        self.graphs[key] = (tape, inps, targets)
-        return outs
+    def _compile(self) -> None:
+        """(training?) -> compiled calls. The loss factor (replicas x loss scale) is an argument, so
+        a new loss scale never retraces."""
+        sig = [tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype)) for t in self.model.inputs]
+        y_sig = tf.TensorSpec(None, tf.float32 if self.cfg.loss in ("mse", "mae") else tf.int64)
+        loss_sig = [*sig, y_sig, tf.TensorSpec((None,), tf.float32), tf.TensorSpec((), tf.float32)]
+        variables = [v.value for v in self.vars]
+        self.in_dtypes = [spec.dtype.as_numpy_dtype for spec in sig]
+
+        def outputs(xs, training: bool) -> list[tf.Tensor]:
+            if self.first:
+                xs = [tf.stop_gradient(x) for x in xs]
+            out = self.model(xs[0] if len(xs) == 1 else list(xs), training=training)
+            return [tf.cast(o, tf.float32) for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+        def accumulate(grads) -> None:
+            for acc, g in zip(self.accum, grads, strict=True):
+                if g is not None:
+                    acc.assign_add(tf.cast(g, tf.float32))
+
+        def loss_step(args, training: bool):
+            *xs, y, sample_weight, factor = args
+            watched = [] if self.first else xs
+            with tf.GradientTape() as tape:
+                tape.watch(watched)
+                loss = tf.reduce_sum(self.loss_fn(outputs(xs, training)[0], y) * sample_weight)
+                scaled = loss * factor
+            got = tape.gradient(scaled, variables + watched)
+            accumulate(got[: len(variables)])
+            return loss, [tf.zeros_like(x, tf.float32) if g is None else tf.cast(g, tf.float32)
+                          for x, g in zip(watched, got[len(variables):], strict=True)]
+
+        def reduce(inv_scale, check_finite: bool):
+            """Average over the stage's replicas, unscale, add L2 (on the unscaled gradient, as the
+            unpipelined step does); whether all are finite, if asked."""
+            grads = [acc.read_value() for acc in self.accum]
+            if self.process_set is not None:
+                hvd = self.hvd
+                compression = hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else hvd.Compression.none
+                grads = grouped_allreduce(hvd, grads, self.cfg.horovod.num_groups, "hvtrain.stage_grads",
+                                          op=hvd.Average, compression=compression, process_set=self.process_set)
+            grads = [g * inv_scale for g in grads]
+            if self.l2:
+                grads = [g + self.l2 * v for g, v in zip(grads, variables, strict=True)]
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]) if check_finite else True
+            return grads, finite
+
+        def apply(grads) -> None:
+            self.optimizer.apply(grads, self.vars)
+            for acc in self.accum:
+                acc.assign(tf.zeros_like(acc))
+
+        grad_sig = [tf.TensorSpec(v.shape, tf.float32) for v in variables]
+        self._reduce = {c: tf.function(lambda s, c=c: reduce(s, c), input_signature=[tf.TensorSpec((), tf.float32)])
+                        for c in (True, False)}
+        self._apply = tf.function(apply, input_signature=[grad_sig])
+        self._forward = {t: tf.function(lambda *xs, t=t: outputs(xs, t), input_signature=sig) for t in (True, False)}
+        self._loss_step = {t: tf.function(lambda *a, t=t: loss_step(a, t), input_signature=loss_sig)
+                           for t in (True, False)}
+        self._accumulate = tf.function(accumulate, input_signature=[grad_sig])
+
+    def _inputs(self, xs: list[np.ndarray]) -> list[tf.Tensor]:
+        """Boundaries arrive as float32; an integer model input carried across a cut goes back to int."""
+        return [tf.constant(np.asarray(x, dtype)) for x, dtype in zip(xs, self.in_dtypes, strict=True)]
 
     def forward(self, key: int, xs: list[np.ndarray], padding: bool = False) -> list[np.ndarray]:
-        return [o.numpy() for o in self._run(key, xs, padding)]
+        inps = self._inputs(xs)
+        with tf.device(self.device), tf.GradientTape() as tape:
+            if not self.first:
+                tape.watch([t for t in inps if t.dtype.is_floating])
+            outs = self._forward[not padding](*inps)
+        self.live[key] = (tape, inps, outs)
+        return [o.numpy() for o in outs]
 
     def forward_loss(self, key: int, xs: list[np.ndarray], y: np.ndarray, sample_weight: np.ndarray,
                      scale: float = 1.0) -> float:
-        losses = []
-
-        def finish(out):
-            loss = tf.reduce_sum(self.loss_fn(out, tf.constant(y)) * tf.constant(sample_weight))
-            losses.append(loss)
-            return loss * (self.replicas * scale)  # Horovod averages over the replicas
-
-        self._run(key, xs, not sample_weight.any(), finish)
-        value = float(losses[0])
+        factor = tf.constant(self.replicas * scale, tf.float32)  # Horovod averages over the replicas
+        with tf.device(self.device):
+            loss, in_grads = self._loss_step[bool(sample_weight.any())](
+                *self._inputs(xs), tf.constant(y), tf.constant(sample_weight), factor)
+        self.live[key] = in_grads
+        value = float(loss)
         if np.isfinite(value):
             self.loss_acc += value
         return value
 
     def backward(self, key: int, grads: list[np.ndarray] | None) -> list[np.ndarray] | None:
-        tape, inps, targets = self.graphs.pop(key)
-        sources = [v.value for v in self.vars] + ([] if self.first else inps)
-        out_grads = None if grads is None else [tf.constant(g) for g in grads]
-        got = tape.gradient(targets, sources, output_gradients=out_grads)
-        for acc, g in zip(self.accum, got[: len(self.vars)], strict=True):
-            if g is not None:
-                acc.assign_add(tf.cast(g, tf.float32))
+        if grads is None:  # the last stage: forward_loss computed them
+            in_grads = self.live.pop(key)
+            return None if self.first else [g.numpy() for g in in_grads]
+        tape, inps, outs = self.live.pop(key)
+        variables = [v.value for v in self.vars]
+        with tf.device(self.device):
+            got = tape.gradient(outs, variables + ([] if self.first else inps),
+                                output_gradients=[tf.constant(g) for g in grads])
+            self._accumulate([tf.zeros(v.shape, tf.float32) if g is None else g
+                              for v, g in zip(variables, got[: len(variables)], strict=True)])
         if self.first:
             return None
         return [np.zeros(t.shape, np.float32) if g is None else tf.cast(g, tf.float32).numpy()
-                for t, g in zip(inps, got[len(self.vars):], strict=True)]
+                for t, g in zip(inps, got[len(variables):], strict=True)]
 
-    def reduce_gradients(self, inv_scale: float = 1.0) -> bool:
-        grads = [tf.convert_to_tensor(a) for a in self.accum]
-        if self.process_set is not None:
-            hvd = self.hvd
-            compression = hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else hvd.Compression.none
-            grads = grouped_allreduce(hvd, grads, self.cfg.horovod.num_groups, "hvtrain.stage_grads", op=hvd.Average,
-                                      compression=compression, process_set=self.process_set)
-        if inv_scale != 1.0:
-            grads = [g * inv_scale for g in grads]
-        if self.l2:  # L2 on the unscaled gradient, as in the unpipelined step
-            grads = [g + self.l2 * v.value for g, v in zip(grads, self.vars, strict=True)]
-        self.grads = grads
-        return bool(all(tf.reduce_all(tf.math.is_finite(g)) for g in grads))
+    def reduce_gradients(self, inv_scale: float = 1.0, check_finite: bool = True) -> bool:
+        with tf.device(self.device):
+            self.grads, finite = self._reduce[check_finite](tf.constant(inv_scale, tf.float32))
+        return bool(finite)
 
     def apply_update(self, update: bool = True) -> None:
         if update:
-            self.optimizer.apply(self.grads, self.vars)
-        self.discard_gradients()
+            with tf.device(self.device):
+                self._apply(self.grads)
+            self.live.clear()
+            self.grads = None
+        else:
+            self.discard_gradients()
 
     def discard_gradients(self) -> None:
-        self.graphs.clear()
+        self.live.clear()
         self.grads = None
         for acc in self.accum:
             acc.assign(tf.zeros_like(acc))
@@ -117,10 +190,8 @@ class TensorFlowStage(StageEngine):
         self.optimizer.learning_rate.assign(lr)
 
     def predict(self, xs: list[np.ndarray]) -> list[np.ndarray]:
-        inps = [tf.constant(x) for x in xs]
         with tf.device(self.device):
-            out = self.model(inps[0] if len(inps) == 1 else inps, training=False)
-        return [tf.cast(o, tf.float32).numpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
+            return [o.numpy() for o in self._forward[False](*self._inputs(xs))]
 
     def eval_sums(self, xs: list[np.ndarray], y: np.ndarray) -> np.ndarray:
         return eval_sums(self.cfg.loss, self.predict(xs)[0], y)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,10 @@ from .model import build_model, layer_from_native, layer_to_native
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 class TorchStage(StageEngine):
@@ -58,14 +63,20 @@ class TorchStage(StageEngine):
         if padding:  # a zero-weight sample: no statistics updated
             self.module.eval()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                    torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            with torch.autograd.graph.saved_tensors_hooks(pack, _unpack), self._autocast():
                 out = self.module(*inps)
         finally:
-            self.module.train()
+            if padding:
+                self.module.train()
         self.saved[key] = nbytes
         self.peak_bytes = max(self.peak_bytes, sum(self.saved.values()))
         return inps, out if isinstance(out, tuple) else (out,)
+
+    def _autocast(self) -> Any:
+        """Autocast for bf16/fp16; fp32 enters no context at all."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
 
     def forward(self, key: int, xs: list[np.ndarray], padding: bool = False) -> list[np.ndarray]:
         inps, outs = self._run(key, xs, padding)
@@ -101,7 +112,7 @@ class TorchStage(StageEngine):
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
 
-    def reduce_gradients(self, inv_scale: float = 1.0) -> bool:
+    def reduce_gradients(self, inv_scale: float = 1.0, check_finite: bool = True) -> bool:
         params = self._params()
         if self.process_set is not None:
             hvd = self.hvd
@@ -114,7 +125,7 @@ class TorchStage(StageEngine):
         if inv_scale != 1.0:
             for p in params:
                 p.grad.mul_(inv_scale)
-        return all(bool(torch.isfinite(p.grad).all()) for p in params)
+        return not check_finite or all(bool(torch.isfinite(p.grad).all()) for p in params)
 
     def apply_update(self, update: bool = True) -> None:
         if update:

@@ -87,6 +87,8 @@ class PipelineSteps(StepRunner):
         """One message per micro-batch and direction: every boundary tensor, packed per sample."""
         buf = np.empty((n, sum(math.prod(s) for s in shapes)), np.float32)
         self.comm.Recv(buf, source=source, tag=tag)
+        if len(shapes) == 1:  # the usual boundary: one tensor, no copy
+            return [buf.reshape((n, *shapes[0]))]
         out, at = [], 0
         for shape in shapes:
             size = math.prod(shape)
@@ -95,7 +97,10 @@ class PipelineSteps(StepRunner):
         return out
 
     def _send(self, arrays: list[np.ndarray], dest: int, tag: int, sends: list | None = None) -> None:
-        buf = np.ascontiguousarray(np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1), np.float32)
+        if len(arrays) == 1:  # not written to until the send completes: sent as it is
+            buf = np.ascontiguousarray(arrays[0], np.float32)
+        else:
+            buf = np.ascontiguousarray(np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1), np.float32)
         if sends is None:
             self.comm.Send(buf, dest=dest, tag=tag)
         else:
@@ -131,7 +136,7 @@ class PipelineSteps(StepRunner):
         if not finite and self.cfg.train.on_nan == "stop":
             return False  # the loop ends the job, naming this rank
         if batch.apply:
-            ok = self.engine.reduce_gradients(1.0 / self.scaler.scale)
+            ok = self.engine.reduce_gradients(1.0 / self.scaler.scale, check_finite=self.agree)
             if self.agree:
                 ok = self.runtime.allreduce_sum(np.array([0.0 if ok else 1.0]), name="hvtrain.step_ok")[0] == 0
             self.engine.apply_update(ok)

@@ -31,9 +31,11 @@ class StageEngine(ABC):
         stage 0)."""
 
     @abstractmethod
-    def reduce_gradients(self, inv_scale: float = 1.0) -> bool:
+    def reduce_gradients(self, inv_scale: float = 1.0, check_finite: bool = True) -> bool:
         """Average accumulated gradients over this stage's replicas (Horovod process set), multiply
-        them by `inv_scale`; True if all are finite."""
+        them by `inv_scale`; True if all are finite. Only a world-wide skip decision (fp16 loss
+        scaling, on_nan: skip) needs that answer: without `check_finite` the stage returns True
+        without reading every gradient again (measured: 5 ms a step for 2 M parameters in torch)."""
 
     @abstractmethod
     def apply_update(self, update: bool = True) -> None:
