@@ -44,7 +44,6 @@ LEVERS = {
     "before (unbound, spinning, 5 ms)": (("train.cpu_binding=none", "horovod.mpi_yield=false",
                                           "horovod.cycle_time_ms=5"), "hvtrain's defaults until issue 13"),
     "cycle 5 ms": (("horovod.cycle_time_ms=5",), "the last gradients wait longer for a cycle"),
-    "cycle 0.25 ms": (("horovod.cycle_time_ms=0.25",), "more negotiation rounds"),
     "one group": (("horovod.num_groups=1",), "one allreduce after the whole backward: no overlap"),
     "no response cache": (("horovod.cache_capacity=0",), "full negotiation every cycle"),
     "fusion 1 MiB": (("horovod.fusion_threshold_mb=1",), "several allreduces a step"),

@@ -60,7 +60,7 @@ def sides(model: str, np: int, tmp: Path, quick: bool) -> list:
     out = [hvtrain_side("hvtrain", np, config, tmp, sets),
            peer_side("hand-written Horovod", hand, np),
            peer_side("DDP (gloo)", ddp, np)]
-    if np > 1 and not quick:  # diagnostic, no goal: separates hvtrain's loop from its choice of knobs
+    if np > 1 and model == "mlp" and not quick:  # diagnostic, no goal: hvtrain's loop vs its choice of knobs
         h = load_config(config).horovod
         out.insert(2, peer_side(KNOBBED, hand, np, bench_env(**horovod_env(h), **mpi_env(h))))
     if np > 1:
@@ -119,7 +119,7 @@ def run(quick: bool) -> dict:
             "Repetitions: np=2 as the section says, np=1 at most 2.",
             "ceiling: two one-rank `hvtrain train` runs of the per-rank workload started together, samples/s "
             "summed; '÷ ceiling' is each np=2 side's share of it.",
-            f"'{KNOBBED}' (np=2, no goal): the same hand-written loop with the environment hvtrain sets from its "
+            f"'{KNOBBED}' (MLP np=2, no goal): the same hand-written loop with the environment hvtrain sets from its "
             "config (hvtrain.dist.horovod_env + mpi_env: HOROVOD_* knobs, OpenMPI settings; not hvtrain's CPU "
             "binding, which it does in-process): hvtrain against it is the cost of hvtrain's loop and binding; it "
             "against the plain hand-written loop is the effect of those settings.",
