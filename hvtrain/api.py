@@ -46,9 +46,26 @@ def evaluate(config: ConfigSource, weights: str, *, backend: str | None = None,
     return session.evaluate(config, weights, backend, output_dir, overrides, model=model, data=data)
 
 
-def predict(config: ConfigSource, weights: str, x: np.ndarray, *, backend: str | None = None,
-            model: Callable[[], Any] | None = None, data: Any = None, overrides: Sequence[str] = ()) -> np.ndarray:
-    """Model outputs for raw features `x` (as the dataset stores them), in order: normalised with the
-    training split's statistics (the config's data is opened to fit them; its features are read once
-    or taken from the statistics cache). Logits for classification losses."""
-    return session.predict(config, weights, x, backend, overrides, model=model, data=data)
+def predict(config: ConfigSource, weights: str, x: Any, *, backend: str | None = None,
+            model: Callable[[], Any] | None = None, data: Any = None, overrides: Sequence[str] = (),
+            kind: str = "probabilities", batch_size: int = 1024) -> np.ndarray:
+    """Predictions for raw feature rows `x`, in order, as `hvtrain predict` makes them.
+
+    The normalisation fitted on the training split, the raw row shape and the classes come from
+    the weights file (final.safetensors or a checkpoint), so the training data is not opened.
+
+    Args:
+        x: rows as the dataset stores them: an array (memory-mapped ones are read block by block)
+            or a .npy / .csv path.
+        kind: "probabilities" (softmax; binary: sigmoid [N, 1]), "logits", or "labels" (the
+            dataset's label values); regression models return their outputs for the first two.
+        data: not needed (accepted so a train call's arguments can be reused).
+        batch_size: rows per rank per step.
+
+    Returns:
+        every row's prediction, on every rank (on several ranks each predicts a share).
+    """
+    from hvtrain.inference import predict_array
+
+    return predict_array(config, weights, x, backend, overrides, model=model, data=data, kind=kind,
+                         batch_size=batch_size)

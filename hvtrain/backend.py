@@ -19,18 +19,24 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hvtrain.errors import BackendUnavailable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
 
     from hvtrain.config import Config
     from hvtrain.dist import ProcessInfo
+    from hvtrain.metrics import MetricSet
     from hvtrain.runtime import Runtime
     from hvtrain.spec import ModelSpec
+    from hvtrain.weightfile import Inputs
 
 # The one list of backends: name -> "module:Class"; modules are imported only when chosen.
 BACKENDS = {
     "torch": "hvtrain.backends.torch.backend:TorchBackend",
     "tensorflow": "hvtrain.backends.tensorflow.backend:TensorFlowBackend",
 }
+# What each backend's export() writes (hvtrain export; ONNX is run by onnxruntime, whoever wrote it).
+EXPORT_FORMATS = {"torch": ("onnx", "torchscript"), "tensorflow": ("onnx", "savedmodel")}
 
 
 class Backend(ABC):
@@ -93,8 +99,10 @@ class Backend(ABC):
         """Local sum of weighted training losses since the last reset (a host sync)."""
 
     @abstractmethod
-    def eval_batch(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Sums over this batch, no gradient: [loss, correct, squared error, absolute error]."""
+    def eval_batch(self, x: np.ndarray, y: np.ndarray, metrics: MetricSet, index: np.ndarray) -> np.ndarray:
+        """This batch's evaluation statistics, no gradient: the loss summed by the framework, the
+        rest by `metrics` (hvtrain.metrics.batch_stats) from the outputs; `index` holds the samples'
+        positions in the validation split."""
 
     @abstractmethod
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -133,6 +141,17 @@ class Backend(ABC):
     @abstractmethod
     def local_gpus(self) -> int:
         """GPUs this framework sees on this host."""
+
+    @abstractmethod
+    def export(self, fmt: str, path: str, inputs: Inputs) -> None:
+        """The built model as a `fmt` artefact (one of EXPORT_FORMATS[name]) at `path`, taking raw
+        rows `[N, *inputs.features]` of `inputs.transform.dtype` (the normalisation and reshape in
+        the graph) and giving what `hvtrain predict` gives (probabilities, or regression outputs)."""
+
+    @abstractmethod
+    def load_export(self, fmt: str, path: str) -> Callable[[np.ndarray], np.ndarray]:
+        """An artefact of this framework's own format (not onnx) reloaded from `path`, as a function
+        of raw rows (the export's verification)."""
 
 
 def get_backend(name: str) -> Backend:

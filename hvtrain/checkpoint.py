@@ -4,8 +4,12 @@ File `ckpt-<run id>-s<step>.safetensors` in the output directory holds
   - `shard.<name>.*`: the training state of each shard, from the first rank holding it (data
     parallel: one shard `model`, replicated on every rank; pipelines: `stage<s>`, one per stage),
   - `rng.rank<r>.*`: every rank's RNG state (so each rank resumes its own random stream),
+  - `weights.*`: the whole model's weights in the layout of final.safetensors (every stage's), so a
+    checkpoint is predicted from or fine-tuned in either framework (hvtrain.weightfile); resuming
+    never reads them,
   - header metadata: `meta` (JSON: run id, epoch, step, samples consumed in the epoch, world size,
-    backend, pipeline layout, the config it was made with, ...) and `sha256` over tensors and meta.
+    backend, pipeline layout, the config it was made with, the `inputs` record of
+    hvtrain.weightfile, ...) and `sha256` over tensors and meta.
 Every run has a run id; pruning (`train.keep`) removes only that run's files, so two runs in one
 output directory never delete each other's checkpoints. A resumed run keeps the run id it resumes.
 
@@ -248,10 +252,12 @@ class CheckpointManager:
     Args:
         layout: the pipeline's [first, last] layer per stage (None unpipelined); a checkpoint
             resumes only under the same layout.
+        inputs: the run's inputs record (hvtrain.weightfile.describe_inputs), kept in every meta.
     """
 
-    def __init__(self, cfg: Config, runtime: Runtime, reporter: Reporter, layout: list[list[int]] | None = None):
-        self.cfg, self.runtime, self.reporter, self.layout = cfg, runtime, reporter, layout
+    def __init__(self, cfg: Config, runtime: Runtime, reporter: Reporter, layout: list[list[int]] | None = None,
+                 inputs: dict[str, Any] | None = None):
+        self.cfg, self.runtime, self.reporter, self.layout, self.inputs = cfg, runtime, reporter, layout, inputs
         self.run_id = new_run_id()  # until start() agrees on one (elastic: the state sync does)
         if runtime.info.is_main:
             for orphan in remove_orphans(reporter.out_dir):
@@ -318,13 +324,15 @@ class CheckpointManager:
         return out
 
     def save(self, position: dict[str, Any], shard: str, owns_shard: bool, state: dict[str, np.ndarray],
-             replicas: int) -> Path | None:
+             replicas: int, weights: dict[str, np.ndarray] | None = None) -> Path | None:
         """One checkpoint at `position` (epoch, step, offset, loss_sum, epoch_steps). Every rank calls
-        it; rank 0 writes it and gets its path."""
+        it; rank 0 writes it and gets its path. `weights`: this rank's part of the model's weights
+        (final.safetensors' layout), stored once per shard as `weights.*`."""
         info = self.runtime.info
         share = {f"rng.rank{info.rank}.{k[4:]}": v for k, v in state.items() if k.startswith("rng.")}
         if owns_shard:
             share.update({f"shard.{shard}.{k}": v for k, v in state.items() if not k.startswith("rng.")})
+            share.update({f"weights.{k}": v for k, v in (weights or {}).items()})
         blobs = self.runtime.gather_bytes(encode(share))
         if not info.is_main:
             return None
@@ -333,7 +341,8 @@ class CheckpointManager:
             tensors.update(decode(blob))
         meta = {**position, "run_id": self.run_id, "world_size": info.size, "replicas": replicas,
                 "backend": self.cfg.backend,
-                "layout": self.layout, "config": self.cfg.to_dict(), "hvtrain_version": __version__}
+                "layout": self.layout, "config": self.cfg.to_dict(), "hvtrain_version": __version__,
+                **({"inputs": self.inputs} if self.inputs is not None else {})}
         path = save(self.reporter.out_dir, tensors, meta, self.cfg.train.keep)
         self.reporter.print(f"checkpoint: {path} (epoch {position['epoch']}, step {position['step']})")
         return path

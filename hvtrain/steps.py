@@ -18,6 +18,7 @@ from hvtrain.data import Batch, Split, shard_eval
 
 if TYPE_CHECKING:
     from hvtrain.backend import Backend
+    from hvtrain.metrics import MetricSet
     from hvtrain.runtime import Runtime
 
 EVAL_BATCH = 1024
@@ -52,7 +53,8 @@ class StepRunner(ABC):
 
     @abstractmethod
     def eval_sums(self, split: Split) -> np.ndarray:
-        """This rank's part of [loss, correct, squared error, absolute error, count] over `split`."""
+        """This rank's part of the evaluation sums over `split`, in the run's MetricSet layout
+        (hvtrain.metrics: [loss, correct, squared error, absolute error], its metric blocks, count)."""
 
     @abstractmethod
     def get_state(self) -> dict[str, np.ndarray]: ...
@@ -81,8 +83,13 @@ class StepRunner(ABC):
 class DataParallelSteps(StepRunner):
     """The whole model on every rank; Horovod averages gradients inside the backend's step."""
 
-    def __init__(self, backend: Backend, runtime: Runtime) -> None:
-        self.backend, self.runtime = backend, runtime
+    def __init__(self, backend: Backend, runtime: Runtime, metrics: MetricSet | None = None) -> None:
+        """The backend's whole model on this rank.
+
+        Args:
+            metrics: what eval_sums computes (None: this runner is never evaluated, measure_step).
+        """
+        self.backend, self.runtime, self.metrics = backend, runtime, metrics
         self.shard, self.owns_shard = "model", runtime.info.is_main
         self.refresh()
 
@@ -105,9 +112,11 @@ class DataParallelSteps(StepRunner):
 
     def eval_sums(self, split: Split) -> np.ndarray:
         idx = shard_eval(len(split), self.replica, self.replicas)
-        sums = np.zeros(4, np.float64)
+        self.metrics.begin()
+        sums = np.zeros(self.metrics.size - 1, np.float64)
         for start in range(0, len(idx), EVAL_BATCH):
-            sums += self.backend.eval_batch(*split.take(idx[start: start + EVAL_BATCH]))
+            chunk = idx[start: start + EVAL_BATCH]
+            sums += self.backend.eval_batch(*split.take(chunk), self.metrics, chunk)
         return np.concatenate([sums, [len(idx)]])
 
     def get_state(self) -> dict[str, np.ndarray]:

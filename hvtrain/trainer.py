@@ -9,6 +9,7 @@ every `train.log_every` steps on the main rank).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,12 +23,15 @@ from hvtrain.config import Config
 from hvtrain.data import Dataset, epoch_permutation, shard_batches, steps_per_epoch
 from hvtrain.errors import HvtrainError
 from hvtrain.loader import Prefetcher
-from hvtrain.output import Reporter
+from hvtrain.metrics import MetricSet
+from hvtrain.output import SCORES_FILE, Reporter
 from hvtrain.preempt import Preempted, StopSignals
 from hvtrain.runtime import Runtime
 from hvtrain.spec import ModelSpec
 from hvtrain.steps import StepRunner, digest
+from hvtrain.timeseries import in_series_units
 from hvtrain.watchdog import Watchdog
+from hvtrain.weightfile import INPUTS_KEY, describe_inputs, layer_metadata
 
 WEIGHTS_FILE = "final.safetensors"
 
@@ -36,9 +40,10 @@ WEIGHTS_FILE = "final.safetensors"
 class EpochResult:
     epoch: int
     train_loss: float
-    val: dict[str, float]
+    val: dict[str, Any]  # scalars, per-class lists, the confusion matrix (hvtrain.metrics)
     samples_per_sec: float
     seconds: float
+    data_wait: float = 0.0  # seconds a rank's training thread waited for batches this epoch (mean over ranks)
 
 
 @dataclass
@@ -81,6 +86,8 @@ class Run:
     runtime: Runtime
     reporter: Reporter
     checkpoints: CheckpointManager
+    metrics: MetricSet  # what evaluation sums and reports (the StepRunner's eval_sums layout)
+    init_unread: bool = False  # model.init_from was not read: --resume expected a checkpoint to continue
     data_wait: float = 0.0  # seconds this rank's training thread waited for batches
     steps_done: int = 0  # optimizer steps taken in all (across resumes)
     stopped_early: bool = False  # train.max_steps ended the run before its last epoch's end
@@ -101,6 +108,10 @@ def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, A
     # their run id travels in the elastic state instead. They never resume from files.
     resumed = run.checkpoints.start(resume, run.steps.shard, run.steps.replicas) if elastic is None else None
     pos = Position()
+    if resume and resumed is None and run.init_unread:
+        raise HvtrainError(f"--resume {resume}: no checkpoint to continue, and model.init_from "
+                           f"({run.cfg.model.init_from}) was not read because checkpoint files were there; start "
+                           "without --resume to begin from init_from")
     if resume and resumed is None:
         run.reporter.truncate_metrics(0)  # nothing to continue: a fresh history, not the old one's tail
     if resumed is not None:
@@ -188,12 +199,14 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                 if stop:
                     break
             run.data_wait += loader.wait_seconds
+            epoch_wait = loader.wait_seconds
         bar.close()
         train_seconds = time.perf_counter() - started
         consumed = min(n_train, offset + micro * global_batch)
-        val, (loss_total,) = evaluate(run, extra=[steps.loss_sum() + carried])
+        val, (loss_total, wait_total) = evaluate(run, extra=[steps.loss_sum() + carried, epoch_wait])
         result = EpochResult(epoch + 1, loss_total / max(1, epoch_steps), val,
-                             (consumed - offset) / train_seconds, time.perf_counter() - started)
+                             (consumed - offset) / train_seconds, time.perf_counter() - started,
+                             wait_total / info.size)
         if consumed < n_train:  # stopped by train.max_steps inside the epoch
             run.stopped_early = True
             record_epoch(run, result, current_lr, partial=True)
@@ -210,7 +223,7 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
 
 def _checkpoint(run: Run, pos: Position) -> Any:
     return run.checkpoints.save(asdict(pos), run.steps.shard, run.steps.owns_shard, run.steps.get_state(),
-                                run.steps.replicas)
+                                run.steps.replicas, run.steps.weights() if run.steps.owns_shard else None)
 
 
 def _signalled_anywhere(run: Run) -> bool:
@@ -228,23 +241,20 @@ def _preempted(run: Run, pos: Position, path: Any) -> None:
     raise Preempted(message)
 
 
-def evaluate(run: Run, extra: list[float] | None = None) -> tuple[dict[str, float], list[float]]:
+def evaluate(run: Run, extra: list[float] | None = None) -> tuple[dict[str, Any], list[float]]:
     """Validation metrics over every validation sample exactly once across replicas, and the
     `extra` values summed over ranks in the same allreduce. Every rank gets the same figures."""
-    extra = list(extra or [])
-    total = run.runtime.allreduce_sum(np.concatenate([run.steps.eval_sums(run.data.val), extra]))
-    return metrics_from_sums(run.cfg, total[:5]), [float(v) for v in total[5:]]
+    return reduce_metrics(run.runtime, run.metrics, run.steps.eval_sums(run.data.val), extra)
 
 
-def metrics_from_sums(cfg: Config, total: np.ndarray) -> dict[str, float]:
-    """Global [loss, correct, squared error, absolute error, count] sums -> validation metrics."""
-    loss, correct, sq, ab, count = total
-    out: dict[str, float] = {"loss": loss / count if count else float("nan")}
-    for name in cfg.metrics:
-        value = {"accuracy": correct, "mse": sq, "mae": ab}[name]
-        out[name] = value / count if count else float("nan")
-    out["samples"] = int(count)
-    return out
+def reduce_metrics(runtime: Runtime, metrics: MetricSet, sums: np.ndarray,
+                   extra: list[float] | None = None) -> tuple[dict[str, Any], list[float]]:
+    """This rank's evaluation sums (`metrics`' layout) and `extra` values, summed over ranks in one
+    allreduce -> the metric values (from global sums only) and the summed extras. roc_auc's
+    kept rows are gathered once here too (MetricSet.reduce_scores)."""
+    total = runtime.allreduce_sum(np.concatenate([sums, list(extra or [])]))
+    metrics.reduce_scores(runtime)
+    return metrics.values(total[:metrics.size]), [float(v) for v in total[metrics.size:]]
 
 
 def record_epoch(run: Run, result: EpochResult, lr: float | None, partial: bool = False) -> None:
@@ -253,6 +263,7 @@ def record_epoch(run: Run, result: EpochResult, lr: float | None, partial: bool 
     run.reporter.append_metrics({"epoch": result.epoch, "train_loss": result.train_loss,
                                  **{f"val_{k}": v for k, v in result.val.items()},
                                  "samples_per_sec": result.samples_per_sec, "lr": lr,
+                                 "data_wait_s": result.data_wait,
                                  "world_size": run.runtime.info.size, **({"partial": True} if partial else {})})
     run.reporter.print(epoch_line(run.cfg, result))
 
@@ -283,7 +294,8 @@ def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any
     layout = run.steps.summary()
     per_rank = run.runtime.allgather_object(layout.pop("rank", None)) if "rank" in layout else None
     usage = run.runtime.allgather_object((peak_rss_mb(), run.data_wait))
-    run.reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, run.spec))
+    run.reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, run.spec, run.data))
+    run.reporter.write_arrays(SCORES_FILE, final_scores(run, result))
     summary = {
         "name": cfg.name, "backend": cfg.backend, "world_size": info.size, "controller": info.controller,
         "epochs": cfg.train.epochs, "train_loss": result.train_loss if result else None,
@@ -295,11 +307,35 @@ def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any
         "peak_rss_mb": {"max": max(u[0] for u in usage), "rank0": usage[0][0], "ranks": [u[0] for u in usage]},
         "data_wait_seconds": {"max": max(u[1] for u in usage), "rank0": usage[0][1]},
         **({"pipeline": {**layout, "ranks": per_rank}} if per_rank is not None else {}),
+        **({"series": series_summary(run.data.series, result)} if run.data.series else {}),
         **extra, "hvtrain_version": __version__,
     }
     run.reporter.write_json("summary.json", summary)
+    run.reporter.close()
+    if "val_mae" in summary.get("series", {}) and "persistence_val_mae" in summary["series"]:
+        f = summary["series"]
+        run.reporter.print(f"forecast val_mae={f['val_mae']:.4g} in the series' units (persistence: "
+                           f"{f['persistence_val_mae']:.4g})")
     run.reporter.print(f"done in {summary['total_seconds']:.1f}s; outputs in {run.reporter.out_dir}")
+    # Every rank returns once rank 0's files exist: the Python API's next call (evaluate, predict,
+    # init_from) reads final.safetensors on every rank.
+    run.runtime.broadcast_object(None)
     return summary
+
+
+def series_summary(facts: dict[str, Any], result: EpochResult | None) -> dict[str, Any]:
+    """data.window's facts and the model's validation MAE / RMSE in the series' own units."""
+    return {**facts, **(in_series_units(facts, result.val) if result else {})}
+
+
+def final_scores(run: Run, result: EpochResult | None) -> dict[str, np.ndarray] | None:
+    """The last evaluation's validation scores (roc_auc: gathered on rank 0, which writes them),
+    for `hvtrain report`'s ROC curve: `scores` [n, 1] P(class 1) (binary) or [n, classes],
+    `labels` (class ids), `epoch`. None without roc_auc (any old file is removed)."""
+    last = run.metrics.last_scores
+    if last is None or result is None:
+        return None
+    return {"scores": last[0], "labels": last[1], "epoch": np.array(result.epoch)}
 
 
 def peak_rss_mb() -> float:
@@ -309,18 +345,22 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def weight_metadata(cfg: Config, spec: ModelSpec | None) -> dict[str, str]:
-    """safetensors header metadata: how to read the file without the config."""
+def weight_metadata(cfg: Config, spec: ModelSpec | None, data: Dataset) -> dict[str, str]:
+    """safetensors header metadata: how to read the file without the config, and `inputs` (the raw
+    row shape, the training split's normalisation, the classes: predict needs no training data)."""
     return {
+        INPUTS_KEY: json.dumps(describe_inputs(cfg, data)),
         "format": "hvtrain-neutral-v1" if spec is not None else f"hvtrain-native-{cfg.backend}",
         "backend": cfg.backend,
-        "layers": ",".join(layer.type for layer in spec.layers) if spec else "",
+        **layer_metadata(spec),
         "input_shape": ",".join(map(str, spec.input_shape)) if spec else "",
         "hvtrain_version": __version__,
     }
 
 
 def epoch_line(cfg: Config, r: EpochResult) -> str:
-    metrics = " ".join(f"val_{k}={v:.4f}" for k, v in r.val.items() if k != "samples")
+    """The printed line: scalar metrics only (per-class values and the confusion matrix are in
+    metrics.jsonl and summary.json)."""
+    metrics = " ".join(f"val_{k}={v:.4f}" for k, v in r.val.items() if k != "samples" and isinstance(v, float))
     return (f"epoch {r.epoch}/{cfg.train.epochs} train_loss={r.train_loss:.4f} {metrics} "
             f"{r.samples_per_sec:,.0f} samples/s {r.seconds:.2f}s")

@@ -64,3 +64,18 @@ def load_weights(path: Path) -> dict[str, np.ndarray]:
 def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     assert sorted(a) == sorted(b), (sorted(a), sorted(b))
     return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) for k in a)
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of the event files in `directory`, read by tensorboard's own
+    EventAccumulator: {tag: [(step, value), ...]}. Read through tensorboard's TF-free stub (the
+    `tensorboard.compat.notf` marker of its no-TensorFlow build): otherwise reading imports
+    TensorFlow, installed here, into the test process."""
+    import types
+
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(directory))
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}

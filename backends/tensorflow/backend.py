@@ -8,6 +8,7 @@ locally and reduced once per optimizer step with one grouped (fused) allreduce.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,10 +21,14 @@ from hvtrain.backend import Backend  # noqa: E402
 from hvtrain.config import Config  # noqa: E402
 from hvtrain.dist import ProcessInfo, default_threads  # noqa: E402
 from hvtrain.entrypoint import load_entrypoint  # noqa: E402
+from hvtrain.metrics import MetricSet  # noqa: E402
 from hvtrain.runtime import Runtime, grouped_allreduce  # noqa: E402
 from hvtrain.spec import ModelSpec  # noqa: E402
+from hvtrain.weightfile import Inputs  # noqa: E402
 
 from .elastic import make_state  # noqa: E402
+from .export import export as export_model  # noqa: E402
+from .export import load as load_exported  # noqa: E402
 from .model import build_model, from_native, to_native  # noqa: E402
 from .ops import LOSSES, eval_sums, is_rng, load_training_state, make_optimizer, training_state  # noqa: E402
 from .stage import TensorFlowStage  # noqa: E402
@@ -54,6 +59,12 @@ class TensorFlowBackend(Backend):
             tf.config.experimental.set_memory_growth(gpus[gpu], True)
             tf.config.set_visible_devices(gpus[gpu], "GPU")
         keras.utils.set_random_seed(cfg.seed * 7919 + info.rank)  # dropout masks differ per rank
+
+    def export(self, fmt: str, path: str, inputs: Inputs) -> None:
+        export_model(self.model, fmt, path, inputs)
+
+    def load_export(self, fmt: str, path: str) -> Callable[[np.ndarray], np.ndarray]:
+        return load_exported(fmt, path)
 
     def local_gpus(self) -> int:
         return len(tf.config.list_physical_devices("GPU"))
@@ -115,6 +126,10 @@ class TensorFlowBackend(Backend):
                     total = self.optimizer.scale_loss(total)
             grads = tape.gradient(total, [v.value for v in self.train_vars])
             grads = [tf.zeros_like(v.value) if g is None else g for g, v in zip(grads, self.train_vars, strict=True)]
+            # An embedding's gradient comes as IndexedSlices, one slice per token occurrence: summed
+            # into a dense tensor here, else Adam/RMSprop square each occurrence's slice before the
+            # sum (keras.ops.square keeps them sparse) and their second moment is wrong.
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
             finite = tf.math.is_finite(loss)
             self.loss_acc.assign_add(tf.where(finite, tf.cast(loss, tf.float64), tf.constant(0.0, tf.float64)))
             return grads, loss
@@ -197,8 +212,8 @@ class TensorFlowBackend(Backend):
             self.loss_acc.assign(0.0)
         return value
 
-    def eval_batch(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return eval_sums(self.cfg.loss, self._forward(x).numpy(), y)
+    def eval_batch(self, x: np.ndarray, y: np.ndarray, metrics: MetricSet, index: np.ndarray) -> np.ndarray:
+        return eval_sums(self.cfg.loss, self._forward(x).numpy(), y, metrics, index)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self._forward(x).numpy()

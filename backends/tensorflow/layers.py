@@ -52,6 +52,15 @@ class Attention(keras.layers.Layer):
 
 
 def build_layer(layer: LayerSpec, dtype_policy: str | None = None) -> keras.layers.Layer:
+    """The Keras layer of `layer`; a frozen one (`trainable: false`) has no trainable variables and,
+    for batchnorm, normalises with its moving statistics and leaves them unchanged (Keras's rule)."""
+    native = _build(layer, dtype_policy)
+    if not layer.trainable:
+        native.trainable = False  # recursive: sublayers too
+    return native
+
+
+def _build(layer: LayerSpec, dtype_policy: str | None) -> keras.layers.Layer:
     kw = {"dtype": dtype_policy} if dtype_policy else {}
     kw["name"] = f"n{layer.index}"
     o, kind = layer.options, layer.type

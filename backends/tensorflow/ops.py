@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvtrain.config import Config
+from hvtrain.metrics import MetricSet, batch_stats
 
 
 def _ce(out, y):
@@ -92,18 +93,13 @@ def make_optimizer(cfg: Config, model: keras.Model) -> keras.optimizers.Optimize
     return opt
 
 
-def eval_sums(loss: str, out: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """[loss, correct, squared error, absolute error] summed over a batch of outputs."""
+def eval_sums(loss: str, out: np.ndarray, y: np.ndarray, metrics: MetricSet | None = None,
+              index: np.ndarray | None = None) -> np.ndarray:
+    """A batch's evaluation statistics: the loss summed by TensorFlow (the training objective), the
+    rest from the outputs by hvtrain.metrics. Without `metrics` (pipeline stages, for now): the head
+    [loss, correct, squared error, absolute error]."""
     total = float(np.sum(LOSSES[loss](tf.constant(out), tf.constant(y)).numpy()))
-    correct = sq = ab = 0.0
-    if loss == "cross_entropy":
-        correct = float(np.sum(out.argmax(axis=1) == y))
-    elif loss == "binary_cross_entropy":
-        correct = float(np.sum((out[:, 0] > 0).astype(np.int64) == y))
-    else:
-        diff = out - y
-        sq, ab = float(np.sum(np.mean(diff ** 2, axis=1))), float(np.sum(np.mean(np.abs(diff), axis=1)))
-    return np.array([total, correct, sq, ab], np.float64)
+    return batch_stats(loss, total, out, y, metrics, index)
 
 
 def is_rng(variable) -> bool:

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvtrain.config import Config
+from hvtrain.metrics import MetricSet
 from hvtrain.placement.stage import StageEngine
 from hvtrain.runtime import grouped_allreduce
 from hvtrain.spec import INPUT, ModelSpec, per_layer
@@ -193,8 +194,8 @@ class TensorFlowStage(StageEngine):
         with tf.device(self.device):
             return [o.numpy() for o in self._forward[False](*self._inputs(xs))]
 
-    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray) -> np.ndarray:
-        return eval_sums(self.cfg.loss, self.predict(xs)[0], y)
+    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray, metrics: MetricSet, index: np.ndarray) -> np.ndarray:
+        return eval_sums(self.cfg.loss, self.predict(xs)[0], y, metrics, index)
 
     def loss_sum(self, reset: bool = False) -> float:
         value = self.loss_acc

@@ -12,10 +12,14 @@ from hvtrain.backend import Backend
 from hvtrain.config import Config
 from hvtrain.dist import ProcessInfo, default_threads
 from hvtrain.entrypoint import load_entrypoint
+from hvtrain.metrics import MetricSet
 from hvtrain.runtime import Runtime
 from hvtrain.spec import ModelSpec
+from hvtrain.weightfile import Inputs
 
 from .elastic import make_state
+from .export import export as export_model
+from .export import load as load_exported
 from .model import build_model, from_native, to_native
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 from .stage import TorchStage
@@ -43,6 +47,12 @@ class TorchBackend(Backend):
             torch.cuda.set_device(gpu)
             self.device = torch.device("cuda", gpu)
         torch.manual_seed(cfg.seed * 7919 + info.rank)  # dropout masks differ per rank
+
+    def export(self, fmt: str, path: str, inputs: Inputs) -> None:
+        export_model(self.model, fmt, path, inputs)
+
+    def load_export(self, fmt: str, path: str) -> Callable[[np.ndarray], np.ndarray]:
+        return load_exported(fmt, path)
 
     def local_gpus(self) -> int:
         return torch.cuda.device_count()
@@ -152,8 +162,8 @@ class TorchBackend(Backend):
         return value
 
     @torch.no_grad()
-    def eval_batch(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return eval_sums(self.cfg.loss, self.predict(x), y)
+    def eval_batch(self, x: np.ndarray, y: np.ndarray, metrics: MetricSet, index: np.ndarray) -> np.ndarray:
+        return eval_sums(self.cfg.loss, self.predict(x), y, metrics, index)
 
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:

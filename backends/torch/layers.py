@@ -61,7 +61,8 @@ class BatchNorm(nn.Module):
 
     A training batch with one value per channel (one sample of a dense layer) has no batch
     statistics: it is normalised with the moving statistics, which it leaves unchanged (torch
-    would raise, Keras would output beta); both backends do the same.
+    would raise, Keras would output beta); both backends do the same. So is every batch of a
+    frozen layer (`trainable: false`), as Keras does.
     """
 
     def __init__(self, channels: int, image: bool, o: dict):
@@ -71,10 +72,11 @@ class BatchNorm(nn.Module):
         self.image = image
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and x.numel() == x.shape[-1]:
+        frozen = not self.bn.weight.requires_grad  # a frozen layer: running statistics, never updated
+        if self.training and (frozen or x.numel() == x.shape[-1]):
             bn = self.bn
-            return F.batch_norm(x.reshape(1, -1), bn.running_mean, bn.running_var, bn.weight, bn.bias, False,
-                                0.0, bn.eps).reshape(x.shape)
+            return F.batch_norm(x.reshape(-1, x.shape[-1]), bn.running_mean, bn.running_var, bn.weight, bn.bias,
+                                False, 0.0, bn.eps).reshape(x.shape)
         if self.image:
             return self.bn(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         return self.bn(x)
@@ -210,6 +212,15 @@ class Merge(nn.Module):
 
 
 def build_layer(layer: LayerSpec, dtype_policy: str | None = None) -> nn.Module:
+    """The module of `layer`; a frozen one (`trainable: false`) has no parameter requiring a gradient
+    and, for batchnorm, normalises with its running statistics and leaves them unchanged (as Keras)."""
+    module = _build(layer)
+    if not layer.trainable:
+        module.requires_grad_(False)
+    return module
+
+
+def _build(layer: LayerSpec) -> nn.Module:
     o, shape = layer.options, layer.input_shape
     kind = layer.type
     if kind == "dense":

@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from hvtrain.config import Config
+from hvtrain.metrics import MetricSet, batch_stats
 from hvtrain.statefile import decode_json, encode_json
 
 
@@ -44,19 +45,13 @@ def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer
                                weight_decay=o.weight_decay)
 
 
-def eval_sums(loss: str, out: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """[loss, correct, squared error, absolute error] summed over a batch of outputs."""
-    out, y = torch.from_numpy(out), torch.from_numpy(y)
-    total = LOSSES[loss](out, y).sum().item()
-    correct = sq = ab = 0.0
-    if loss == "cross_entropy":
-        correct = (out.argmax(dim=1) == y).sum().item()
-    elif loss == "binary_cross_entropy":
-        correct = ((out[:, 0] > 0).long() == y).sum().item()
-    else:
-        diff = out - y
-        sq, ab = diff.pow(2).mean(dim=1).sum().item(), diff.abs().mean(dim=1).sum().item()
-    return np.array([total, correct, sq, ab], np.float64)
+def eval_sums(loss: str, out: np.ndarray, y: np.ndarray, metrics: MetricSet | None = None,
+              index: np.ndarray | None = None) -> np.ndarray:
+    """A batch's evaluation statistics: the loss summed by torch (the training objective), the rest
+    from the outputs by hvtrain.metrics. Without `metrics` (pipeline stages, for now): the head
+    [loss, correct, squared error, absolute error]."""
+    total = LOSSES[loss](torch.from_numpy(out), torch.from_numpy(y)).sum().item()
+    return batch_stats(loss, total, out, y, metrics, index)
 
 
 def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None) -> dict[str, np.ndarray]:

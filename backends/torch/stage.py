@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from hvtrain.config import Config
+from hvtrain.metrics import MetricSet
 from hvtrain.placement.stage import StageEngine
 from hvtrain.runtime import grouped_allreduce
 from hvtrain.spec import INPUT, ModelSpec, per_layer
@@ -150,8 +151,8 @@ class TorchStage(StageEngine):
             self.module.train()
         return [o.float().cpu().numpy() for o in (out if isinstance(out, tuple) else (out,))]
 
-    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray) -> np.ndarray:
-        return eval_sums(self.cfg.loss, self.predict(xs)[0], y)
+    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray, metrics: MetricSet, index: np.ndarray) -> np.ndarray:
+        return eval_sums(self.cfg.loss, self.predict(xs)[0], y, metrics, index)
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self.loss_acc)

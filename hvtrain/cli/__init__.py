@@ -42,10 +42,13 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from hvtrain.cli import doctor, evaluate, hosts, launch, plan, train
+    from hvtrain.cli import doctor, evaluate, export, hosts, launch, plan, predict, report, train
 
     cli.add_command(train.train)
     cli.add_command(evaluate.evaluate)
+    cli.add_command(predict.predict)
+    cli.add_command(export.export)
+    cli.add_command(report.report)
     cli.add_command(launch.launch)
     cli.add_command(hosts.hosts)
     cli.add_command(doctor.doctor)

@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 from hvtrain.config import Config
 from hvtrain.data import Batch, Split, shard_eval
+from hvtrain.metrics import MetricSet
 from hvtrain.placement.plan import PipelinePlan
 from hvtrain.placement.stage import StageEngine
 from hvtrain.runtime import Runtime
@@ -59,8 +60,10 @@ class LossScale:
 
 class PipelineSteps(StepRunner):
     def __init__(self, cfg: Config, plan: PipelinePlan, spec: ModelSpec, engine: StageEngine, runtime: Runtime,
-                 comm: Any) -> None:
+                 comm: Any, metrics: MetricSet) -> None:
+        """This rank's stage of the plan; `metrics`: what eval_sums computes (on the last stage)."""
         self.cfg, self.plan, self.engine, self.runtime, self.comm = cfg, plan, engine, runtime, comm
+        self.metrics = metrics
         self.spec = spec
         rank = runtime.info.rank
         self.rank = rank
@@ -149,7 +152,8 @@ class PipelineSteps(StepRunner):
     def eval_sums(self, split: Split) -> np.ndarray:
         """This replica's share of validation, pushed through the pipeline without gradients."""
         idx = shard_eval(len(split), self.replica, self.replicas)
-        sums = np.zeros(4, np.float64)
+        self.metrics.begin()
+        sums = np.zeros(self.metrics.size - 1, np.float64)
         for k, start in enumerate(range(0, len(idx), EVAL_BATCH)):
             chunk = idx[start: start + EVAL_BATCH]
             if self.first:
@@ -157,10 +161,11 @@ class PipelineSteps(StepRunner):
             else:
                 xs = self._recv(self.prev, len(chunk), self.in_shapes, _EVAL_TAG + k)
             if self.last:
-                sums += self.engine.eval_sums(xs, split.y[chunk])
+                sums += self.engine.eval_sums(xs, split.y[chunk], self.metrics, chunk)
             else:
                 self._send(self.engine.predict(xs), self.next, _EVAL_TAG + k)
-        return np.concatenate([sums, [len(idx)]]) if self.last else np.zeros(5, np.float64)
+        # the other stages add nothing (the count too: each sample is counted once, by its last stage)
+        return np.concatenate([sums, [len(idx)]]) if self.last else np.zeros(self.metrics.size, np.float64)
 
     def get_state(self) -> dict[str, np.ndarray]:
         return {**self.engine.get_state(), **self.scaler.state()}

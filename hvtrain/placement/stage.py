@@ -9,6 +9,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from hvtrain.metrics import MetricSet
+
 
 class StageEngine(ABC):
     @abstractmethod
@@ -53,8 +55,9 @@ class StageEngine(ABC):
         """Forward without gradient (evaluation): the outgoing tensors, float32."""
 
     @abstractmethod
-    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray) -> np.ndarray:
-        """Last stage: [loss, correct, squared error, absolute error] sums for this batch."""
+    def eval_sums(self, xs: list[np.ndarray], y: np.ndarray, metrics: MetricSet, index: np.ndarray) -> np.ndarray:
+        """Last stage: this batch's statistics in `metrics`' layout, without the count (`index`: the
+        samples' positions in the validation split)."""
 
     @abstractmethod
     def loss_sum(self, reset: bool = False) -> float: ...

@@ -54,13 +54,20 @@ def test_training_step_moves_weights_and_accumulates_loss(backend_name):
 
 
 def test_eval_sums_match_predictions(backend_name):
+    """The framework sums the loss; hvtrain.metrics sums the rest from the same outputs."""
+    from hvtrain.metrics import Metric, MetricSet
+
     engine, p = make_backend(backend_name, CNN)
     x, y = p.data.x_val[:50], p.data.y_val[:50]
-    sums = engine.eval_batch(x, y)
-    assert sums.shape == (4,) and 0 <= sums[1] <= 50 and sums[0] > 0
+    metrics = MetricSet("cross_entropy", [Metric("accuracy"), Metric("confusion_matrix")], 10, 50)
+    sums = engine.eval_batch(x, y, metrics, np.arange(50))
+    assert sums.shape == (metrics.size - 1,) == (4 + 100,) and 0 <= sums[1] <= 50 and sums[0] > 0
     logits = engine.predict(x)
     assert logits.shape == (50, 10)
-    assert sums[1] == np.sum(logits.argmax(1) == y)
+    assert sums[1] == np.sum(logits.argmax(1) == y) == np.trace(sums[4:].reshape(10, 10))
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_loss = np.sum(np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(50), y])
+    assert sums[0] == pytest.approx(log_loss, rel=1e-5)  # the framework's cross entropy of those logits
 
 
 def test_entrypoint_must_return_the_framework_model(backend_name):

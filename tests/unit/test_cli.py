@@ -94,7 +94,8 @@ try:
     main()
 except SystemExit as exc:
     assert exc.code in (0, None), exc.code
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tensorflow", "horovod", "keras", "mpi4py"))
+heavy = sorted(m for m in sys.modules
+               if m.split(".")[0] in ("torch", "tensorflow", "horovod", "keras", "mpi4py", "tensorboard"))
 assert not heavy, heavy
 """
 

@@ -1,0 +1,70 @@
+"""Exported Keras models: the model behind the raw-row normalisation and predict's output
+activation in one tf.function, written as a SavedModel (tf.saved_model.save, signature
+`serving_default`) or as ONNX (tf2onnx.convert.from_function), and a SavedModel reloaded for the
+verification (ONNX is run by onnxruntime in hvtrain.export)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvtrain.weightfile import Inputs
+
+OPSET = 18  # as the torch backend's exporter
+
+
+def _served(model: keras.Model, inputs: Inputs) -> tuple[tf.types.experimental.GenericFunction, str, list]:
+    """Raw rows -> (x - shift) / scale (training statistics, float32) -> model input shape ->
+    model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression)."""
+    t = inputs.transform
+    width = math.prod(inputs.features)
+    shape = tuple(t.shape) if t.shape is not None else tuple(inputs.features)
+    shift = None if t.shift is None else np.asarray(t.shift, np.float32)
+    scale = None if t.scale is None else np.asarray(t.scale, np.float32)
+    name = "outputs" if inputs.loss not in ("cross_entropy", "binary_cross_entropy") else "probabilities"
+    signature = [tf.TensorSpec((None,) + tuple(inputs.features), tf.as_dtype(t.dtype), name="x")]
+
+    @tf.function(input_signature=signature)
+    def serve(x):
+        if shift is not None:  # constants built inside the function: embedded in the graph, not captured inputs
+            x = (tf.reshape(x, (-1, width)) - tf.constant(shift)) / tf.constant(scale)
+        out = tf.cast(model(tf.reshape(x, (-1,) + shape), training=False), tf.float32)
+        if inputs.loss == "cross_entropy":
+            out = tf.nn.softmax(out, axis=1)
+        elif inputs.loss == "binary_cross_entropy":
+            out = tf.sigmoid(out)
+        return {name: out}
+
+    return serve, name, signature
+
+
+def export(model: keras.Model, fmt: str, path: str, inputs: Inputs) -> None:
+    """Write `model` as `fmt` to `path` (a directory for savedmodel)."""
+    serve, _, signature = _served(model, inputs)
+    if fmt == "savedmodel":
+        module = tf.Module()
+        module.model, module.serve = model, serve
+        tf.saved_model.save(module, path, signatures={"serving_default": serve})
+    elif fmt == "onnx":
+        import tf2onnx
+
+        tf2onnx.convert.from_function(serve, input_signature=signature, opset=OPSET, output_path=path)
+    else:
+        raise ValueError(f"tensorflow exports onnx or savedmodel, got {fmt!r}")
+
+
+def load(fmt: str, path: str) -> Callable[[np.ndarray], np.ndarray]:
+    """A SavedModel reloaded (its serving_default signature), as a function of raw rows."""
+    if fmt != "savedmodel":
+        raise ValueError(f"tensorflow reloads savedmodel, got {fmt!r}")
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        (out,) = serve(x=tf.constant(np.ascontiguousarray(x))).values()
+        return out.numpy()
+
+    return run

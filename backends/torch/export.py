@@ -1,0 +1,81 @@
+"""Exported torch models: the model behind the raw-row normalisation and predict's output
+activation, as ONNX (torch.onnx's dynamo exporter: torch.export, then onnxscript) or TorchScript
+(torch.jit.trace), and TorchScript reloaded for the verification (ONNX is run by onnxruntime in
+hvtrain.export)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import math
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from hvtrain.weightfile import Inputs
+
+OPSET = 18  # torch.onnx's dynamo exporter's default
+
+
+class _Served(torch.nn.Module):
+    """Raw rows -> (x - shift) / scale (training statistics, float32) -> model input shape ->
+    model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression)."""
+
+    def __init__(self, model: torch.nn.Module, inputs: Inputs) -> None:
+        super().__init__()
+        t = inputs.transform
+        self.model = model
+        self.normalise = t.shift is not None
+        if self.normalise:
+            self.register_buffer("shift", torch.from_numpy(np.asarray(t.shift, np.float32).copy()))
+            self.register_buffer("scale", torch.from_numpy(np.asarray(t.scale, np.float32).copy()))
+        self.width = math.prod(inputs.features)
+        self.shape = tuple(t.shape) if t.shape is not None else tuple(inputs.features)
+        self.activation = {"cross_entropy": "softmax", "binary_cross_entropy": "sigmoid"}.get(inputs.loss, "none")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normalise:
+            x = (x.reshape(-1, self.width) - self.shift) / self.scale
+        out = self.model(x.reshape((-1,) + self.shape)).float()
+        if self.activation == "softmax":
+            return torch.softmax(out, dim=1)
+        if self.activation == "sigmoid":
+            return torch.sigmoid(out)
+        return out
+
+
+def export(model: torch.nn.Module, fmt: str, path: str, inputs: Inputs) -> None:
+    """Write `model` (not changed: a CPU copy in eval mode is exported) as `fmt` to `path`."""
+    served = _Served(copy.deepcopy(model).cpu().float().eval(), inputs).eval()
+    dtype = torch.from_numpy(np.zeros(0, inputs.transform.dtype)).dtype
+    example = torch.zeros((2,) + tuple(inputs.features), dtype=dtype)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the exporters' deprecation and tracer notes
+        if fmt == "torchscript":
+            torch.jit.save(torch.jit.trace(served, (example,)), path)
+        elif fmt == "onnx":
+            output = "outputs" if served.activation == "none" else "probabilities"
+            logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
+            with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+                torch.onnx.export(served, (example,), path, dynamo=True, external_data=False, opset_version=OPSET,
+                                  input_names=["x"], output_names=[output],
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False)
+        else:
+            raise ValueError(f"torch exports onnx or torchscript, got {fmt!r}")
+
+
+def load(fmt: str, path: str) -> Callable[[np.ndarray], np.ndarray]:
+    """A TorchScript artefact reloaded, as a function of raw rows."""
+    if fmt != "torchscript":
+        raise ValueError(f"torch reloads torchscript, got {fmt!r}")
+    module = torch.jit.load(path, map_location="cpu").eval()
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return module(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
+    return run

@@ -1,0 +1,41 @@
+"""The examples on real shipped data (issue 12, item 7), on 2 ranks under `hvtrain launch` in both
+frameworks, with fewer epochs than the README's runs: the sunspot forecaster beats the persistence
+forecast on the validation years, and the review classifier beats the majority class."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hvtrain.config import load_config
+from hvtrain.data import load_dataset
+from tests.conftest import ROOT, hvtrain, run
+
+
+def launch(tmp_path, example: str, backend: str, *sets: str) -> dict:
+    args = [a for s in sets for a in ("--set", s)]
+    run(hvtrain("launch", "-np", "2", "--", "train", f"examples/{example}.yaml", "--backend", backend, "--quiet",
+                "--output-dir", str(tmp_path), *args), timeout=600)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["world_size"] == 2 and s["replicas_agree"], s
+    return s
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_sunspot_lstm_beats_persistence_on_the_validation_years(tmp_path, backend):
+    s = launch(tmp_path, "sunspots_lstm", backend, "train.epochs=15")
+    f = s["series"]
+    assert f["val_windows"] == 46 and f["persistence_val_mae"] == pytest.approx(22.4543, abs=1e-3)
+    # in sunspot units; the README's full run reaches ~12 against persistence's 22.5
+    assert f["val_mae"] < 0.8 * f["persistence_val_mae"] and f["val_rmse"] < 0.8 * f["persistence_val_rmse"], f
+    assert f["val_mae"] == pytest.approx(s["val_mae"] * f["scale"])
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_review_classifier_beats_the_majority_class(tmp_path, backend):
+    s = launch(tmp_path, "reviews_text", backend, "train.epochs=3")
+    d = load_dataset(load_config(ROOT / "examples/reviews_text.yaml"), (40,), integer_input=True)
+    majority = np.bincount(d.y_val).max() / len(d.y_val)  # 0.58: "fresh"
+    assert s["val_accuracy"] >= majority + 0.12 and s["val_roc_auc"] >= 0.8, (s["val_accuracy"], majority)
