@@ -52,8 +52,11 @@ class TensorFlowBackend(Backend):
 
     def configure(self, cfg: Config, info: ProcessInfo, gpu: int | None) -> None:
         threads = cfg.train.threads or default_threads(info)
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+        except RuntimeError:  # TF already ran in this process (an earlier session of the Python API):
+            pass  # its thread pools cannot be resized and stay as the first session made them
         if gpu is not None:  # Horovod's local-rank pinning: this rank sees one GPU
             gpus = tf.config.list_physical_devices("GPU")
             tf.config.experimental.set_memory_growth(gpus[gpu], True)

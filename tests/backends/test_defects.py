@@ -5,7 +5,9 @@ import copy
 import numpy as np
 import pytest
 
+from hvtrain.backend import get_backend
 from hvtrain.errors import DataError
+from hvtrain.session import prepare
 from tests.backends.conftest import make_backend, runtime_for
 
 BN = "tests/configs/bn_mlp.yaml"
@@ -102,3 +104,13 @@ def test_entrypoint_weights_with_missing_or_unexpected_names_are_a_located_error
     with pytest.raises(DataError, match=r"unexpected 1 \(no\.such\.weight\)"):
         backend.set_weights({**weights, "no.such.weight": np.zeros(1, np.float32)})
     backend.set_weights(weights)  # the exact set still loads
+
+
+def test_a_second_session_with_other_threads_configures_without_error(backend_name):
+    """Defect: TensorFlow's thread pools are fixed once TF has run; a later session in the same
+    process (the Python API's second hvtrain.train, here with train.threads=1 after the earlier
+    tests' default) raised "Intra op parallelism cannot be modified after initialization"."""
+    make_backend(backend_name, "examples/digits_mlp.yaml")  # an earlier session: the framework has run
+    p = prepare("examples/digits_mlp.yaml", backend=backend_name, overrides=["train.threads=1"])
+    again = get_backend(backend_name)
+    again.configure(p.cfg, runtime_for(backend_name, p.cfg).info, None)
