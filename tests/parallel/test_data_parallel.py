@@ -106,7 +106,9 @@ def test_examples_reach_accuracy_on_two_ranks_rank0_output_only(tmp_path, backen
     assert [r["epoch"] for r in records] == list(range(1, summary["epochs"] + 1))  # written once, by rank 0
     assert {"train_loss", "val_loss", "val_accuracy", "samples_per_sec", "world_size"} <= set(records[0])
     assert proc.stdout.count("epoch 1/") == 1  # printed once, by rank 0
-    assert sorted(p.name for p in out.iterdir()) == ["final.safetensors", "manifest.json", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["final.safetensors", "manifest.json", "metrics.jsonl", "summary.json",
+                                                     "tensorboard"]
+    assert len(list((out / "tensorboard").iterdir())) == 1  # one event file: rank 0's
 
 
 @pytest.mark.parametrize("backend,entrypoint", [("torch", "torch_mlp"), ("tensorflow", "keras_mlp")])
