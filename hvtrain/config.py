@@ -419,7 +419,7 @@ def _check_series_and_text(cfg: Config) -> None:
     if d.window is None:
         if kind == "statsmodels":
             raise cfg.fail("data.window", f"{d.dataset} is a 1-D series: set data.window (values per input window)")
-        if "data.horizon" in cfg.lines:
+        if "data.horizon" in cfg.lines and d.horizon != 1:  # 1, the default, is what a saved full config holds
             raise cfg.fail("data.horizon", "only used with data.window")
     else:
         for path, value in [("data.window", d.window), ("data.horizon", d.horizon)]:

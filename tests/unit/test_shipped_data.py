@@ -227,3 +227,12 @@ def test_texts_for_a_model_without_a_vocabulary_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"r.txt: expected a .npy or .csv file of feature rows, got .txt \(texts "
                                         r"are taken by a model trained on a text corpus"):
         open_input(tmp_path / "r.txt", inputs)
+
+
+def test_a_saved_full_config_without_a_window_reloads():
+    """Defect: a checkpoint keeps the full config (Config.to_dict: every default, data.horizon 1
+    included); reloading it failed with 'data.horizon: only used with data.window' for every
+    run without a window (tests/parallel/test_manifest.py's config hash of a checkpoint)."""
+    cfg = load_config(ROOT / "examples/digits_mlp.yaml")
+    again = load_config(cfg.to_dict())
+    assert again.data.window is None and again.data.horizon == 1
