@@ -23,6 +23,19 @@ METRICS_FILE = "metrics.jsonl"
 SCORES_FILE = "val_scores.npz"  # the last evaluation's validation scores (with roc_auc; hvtrain report)
 
 
+
+def metrics_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """metrics.jsonl's records with their lines; a line cut short by a kill mid-append is skipped."""
+    out = []
+    for ln in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(ln)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            out.append((ln, record))
+    return out
+
 class Reporter:
     def __init__(self, info: ProcessInfo, out_dir: Path, quiet: bool = False, keep_metrics: bool = False,
                  tensorboard: bool = False):
@@ -112,14 +125,7 @@ class Reporter:
         self._restart = epochs + 1
         self.close()
         if self.enabled and path.exists():
-            keep = []
-            for ln in path.read_text(errors="replace").splitlines():
-                try:
-                    record = json.loads(ln)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a kill mid-append
-                if isinstance(record, dict) and record.get("epoch", epochs + 1) <= epochs:
-                    keep.append(ln)
+            keep = [ln for ln, record in metrics_lines(path) if record.get("epoch", epochs + 1) <= epochs]
             atomic_write(path, "".join(ln + "\n" for ln in keep).encode())
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain.errors import DataError, HvtrainError
-from hvtrain.output import METRICS_FILE, SCORES_FILE
+from hvtrain.output import METRICS_FILE, SCORES_FILE, metrics_lines
 
 # Scores in [0, 1] that share one axis; any other scalar metric gets its own panel.
 UNIT_SCORES = ("accuracy", "precision", "recall", "f1")  # roc_auc (near 1) gets its own panel
@@ -71,14 +71,7 @@ def read_run(run_dir: str | Path) -> Run:
     if not metrics.is_file():
         raise DataError(f"{path}: expected a run directory holding {METRICS_FILE} (a training run's output_dir), "
                         "got a directory without one")
-    records = []
-    for line in metrics.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a kill mid-append
-        if isinstance(record, dict) and isinstance(record.get("epoch"), int):
-            records.append(record)
+    records = [record for _, record in metrics_lines(metrics) if isinstance(record.get("epoch"), int)]
     if not records:
         raise DataError(f"{metrics}: expected one JSON record per epoch, got none (has the run finished an epoch?)")
     run = Run(path, records, _json(path / "summary.json"), _json(path / "manifest.json"),

@@ -27,6 +27,9 @@ CLASSIFY = [Metric("accuracy"), Metric("top_k_accuracy", 3), Metric("precision")
             Metric("confusion_matrix"), Metric("roc_auc"), Metric("log_loss")]
 
 
+from tests.unit.test_config import BASE  # noqa: E402
+
+
 def reduce(ms: MetricSet, out: np.ndarray, y: np.ndarray, ranks: int = 2, batch: int = 37,
            loss_sums: np.ndarray | None = None) -> dict:
     """What the trainer does: each rank sums its share (every `ranks`-th sample) batch by batch,
@@ -169,15 +172,6 @@ def test_outputs_that_do_not_match_the_classes_are_named():
 
 # ----------------------------------------------------------------------------- config
 
-BASE = """\
-name: t
-data:
-  dataset: sklearn:digits
-model:
-  input_shape: [64]
-  layers:
-    - {type: dense, units: 10}
-"""
 
 
 def load(tmp_path: Path, text: str):
