@@ -13,7 +13,9 @@ torch.onnx (the dynamo exporter) or tf2onnx (TensorFlow).
 
 Verification: the framework predicts the rows through predict's own path (hvtrain.inference.run)
 and the written artefact, reloaded (onnxruntime for ONNX, tf.saved_model.load, torch.jit.load),
-predicts the same raw rows; the largest absolute difference must be <= TOLERANCE. The rows are the
+predicts the same raw rows; the largest difference must be <= TOLERANCE, absolute, or relative
+to the framework's value where that exceeds 1 in magnitude (a forecast in ppm is float32 to ~3e-5
+at 400: float32's resolution, not a mismatch). The rows are the
 config's validation split, or `--input` rows when given (the data need not be present then). The
 artefact is written under a temporary name beside PATH and renamed to PATH only once verified; on
 any failure it is removed, so PATH never holds an unverified export. The validation split is
@@ -160,7 +162,8 @@ def onnx_runner(path: str) -> Callable[[np.ndarray], np.ndarray]:
 def verify(runner: Callable[[np.ndarray], np.ndarray], rows: Rows, inputs: Any, reference: np.ndarray,
            tolerance: float = TOLERANCE, what: str = "the export") -> Verification:
     """The artefact's outputs for every row of `rows` against `reference` (the framework's, in
-    row order): equal shapes, and max |difference| <= tolerance (a NaN counts as infinitely far).
+    row order): equal shapes, and max |difference| / max(1, |reference|) <= tolerance (a NaN counts
+    as infinitely far).
 
     Raises:
         ExportMismatch: naming the worst row, both values and the tolerance.
@@ -174,14 +177,14 @@ def verify(runner: Callable[[np.ndarray], np.ndarray], rows: Rows, inputs: Any, 
         if got.shape != want.shape:
             raise ExportMismatch(f"{what}: outputs of shape {list(got.shape)} for rows {lo}..{hi - 1}, the framework "
                                  f"gives {list(want.shape)}")
-        diff = np.nan_to_num(np.abs(got - want), nan=math.inf)
+        diff = np.nan_to_num(np.abs(got - want) / np.maximum(1.0, np.abs(want)), nan=math.inf)
         i = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else (0, 0)
         if diff.size and diff[i] > worst:
             worst, at = float(diff[i]), (lo + int(i[0]), int(i[1]) if len(i) > 1 else 0)
             if worst > tolerance:
                 g, w = got[i], want[i]
                 raise ExportMismatch(f"{what} does not match the framework's predictions: row {at[0]} output "
-                                     f"{at[1]}: {g:.6g} vs {w:.6g} (|difference| {worst:.3g} > tolerance "
+                                     f"{at[1]}: {g:.6g} vs {w:.6g} (difference {worst:.3g} > tolerance "
                                      f"{tolerance:g}); the artefact was removed")
     return Verification(len(rows), worst)
 

@@ -212,11 +212,17 @@ def row_shape(rows: Rows, inputs: Inputs, weights: str) -> tuple[int, ...]:
 # ----------------------------------------------------------------------------- outputs
 
 
-def convert(kind: str, loss: str, logits: np.ndarray, classes: np.ndarray | None) -> np.ndarray:
+def convert(kind: str, loss: str, logits: np.ndarray, classes: np.ndarray | None,
+            target: tuple[float, float] | None = None) -> np.ndarray:
     """Model outputs as `kind`: probabilities (softmax for cross_entropy; sigmoid, the second class's,
     for binary_cross_entropy), logits, or labels (the dataset's own label values). Regression
-    outputs are the predicted targets whatever the kind but labels."""
-    if kind == "logits" or loss not in CLASSIFICATION:
+    outputs are the predicted targets whatever the kind but labels: in the targets' own units (a
+    model trained on normalised targets, `target` = (shift, scale), has them scaled back)."""
+    if loss not in CLASSIFICATION:
+        if target is None:
+            return logits.astype(np.float32)
+        return (logits.astype(np.float64) * target[1] + target[0]).astype(np.float32)
+    if kind == "logits":
         return logits.astype(np.float32)
     z = logits.astype(np.float64)
     if kind == "probabilities":
@@ -319,7 +325,7 @@ def run(m: Model, rows: Rows, sinks: dict[str, Any] | None, batch: int, session:
             continue
         logits = np.frombuffer(b"".join(parts), np.float32).reshape((-1,) + width)  # rank 0 always has rows
         for kind, sink in sinks.items():
-            sink.write(convert(kind, m.cfg.loss, logits, m.inputs.classes))
+            sink.write(convert(kind, m.cfg.loss, logits, m.inputs.classes, m.inputs.target))
 
 
 def _fingerprint(m: Model) -> str:

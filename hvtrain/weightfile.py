@@ -9,8 +9,9 @@ Both kinds of file hvtrain writes can be read as weights:
 dataset stores it, the input dtype, the normalisation fitted on the training split (shift and
 scale, float32, base64 of the little-endian bytes: exact), the reshape to the model's input
 shape, the loss, the number of outputs, the class labels (classification) and, for a text corpus,
-its vocabulary (`text`: word -> id, PAD 0, OOV 1, max_len, the tokenizer). Reading never
-executes code (safetensors and JSON only).
+its vocabulary (`text`: word -> id, PAD 0, OOV 1, max_len, the tokenizer) and, for a forecaster
+trained on normalised targets (data.window), the targets' shift and scale (`target`: predictions
+are turned back into the series' units). Reading never executes code (safetensors and JSON only).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Inputs:
     outputs: int  # model output width
     classes: np.ndarray | None  # raw label of each class id (classification), else None
     text: dict[str, Any] | None = None  # a text corpus's vocabulary (hvtrain.text.vocabulary_record)
+    target: tuple[float, float] | None = None  # (shift, scale) of normalised regression targets: y = out*scale+shift
 
     @property
     def width(self) -> int:
@@ -80,7 +82,9 @@ def describe_inputs(cfg: Config, data: Dataset) -> dict[str, Any]:
             "shift": _encode(t.shift), "scale": _encode(t.scale),
             "input_shape": list(t.shape) if t.shape is not None else None,
             "loss": cfg.loss, "outputs": int(data.num_outputs), "classes": classes,
-            **({"text": data.text} if data.text is not None else {})}
+            **({"text": data.text} if data.text is not None else {}),
+            **({"target": {"shift": float(data.series["shift"]), "scale": float(data.series["scale"])}}
+               if data.series is not None and (data.series["shift"], data.series["scale"]) != (0.0, 1.0) else {})}
 
 
 def inputs_from(record: Any, where: str) -> Inputs:
@@ -104,9 +108,19 @@ def inputs_from(record: Any, where: str) -> Inputs:
         classes = record["classes"]
         return Inputs(features, Transform(_DTYPES[record["dtype"]], shift, scale, shape), str(record["normalize"]),
                       str(record["loss"]), int(record["outputs"]),
-                      np.asarray(classes) if classes is not None else None, _text_record(record.get("text")))
+                      np.asarray(classes) if classes is not None else None, _text_record(record.get("text")),
+                      _target_record(record.get("target")))
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{where}: unreadable '{INPUTS_KEY}' metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _target_record(target: Any) -> tuple[float, float] | None:
+    if target is None:
+        return None
+    if not isinstance(target, dict) or not all(isinstance(target.get(k), (int, float)) for k in ("shift", "scale")) \
+            or not (math.isfinite(target["shift"]) and math.isfinite(target["scale"]) and target["scale"] > 0):
+        raise ValueError(f"target: expected finite shift and a positive scale, got {str(target)[:60]}")
+    return float(target["shift"]), float(target["scale"])
 
 
 def _text_record(text: Any) -> dict[str, Any] | None:

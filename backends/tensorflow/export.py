@@ -19,13 +19,15 @@ OPSET = 18  # as the torch backend's exporter
 
 def _served(model: keras.Model, inputs: Inputs) -> tuple[tf.types.experimental.GenericFunction, str, list]:
     """Raw rows -> (x - shift) / scale (training statistics, float32) -> model input shape ->
-    model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression)."""
+    model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression; in the
+    targets' units: * scale + shift when they were normalised)."""
     t = inputs.transform
     width = math.prod(inputs.features)
     shape = tuple(t.shape) if t.shape is not None else tuple(inputs.features)
     shift = None if t.shift is None else np.asarray(t.shift, np.float32)
     scale = None if t.scale is None else np.asarray(t.scale, np.float32)
     name = "outputs" if inputs.loss not in ("cross_entropy", "binary_cross_entropy") else "probabilities"
+    target = inputs.target
     signature = [tf.TensorSpec((None,) + tuple(inputs.features), tf.as_dtype(t.dtype), name="x")]
 
     @tf.function(input_signature=signature)
@@ -37,6 +39,8 @@ def _served(model: keras.Model, inputs: Inputs) -> tuple[tf.types.experimental.G
             out = tf.nn.softmax(out, axis=1)
         elif inputs.loss == "binary_cross_entropy":
             out = tf.sigmoid(out)
+        elif target is not None:
+            out = out * tf.constant(target[1], tf.float32) + tf.constant(target[0], tf.float32)
         return {name: out}
 
     return serve, name, signature

@@ -23,7 +23,8 @@ OPSET = 18  # torch.onnx's dynamo exporter's default
 
 class _Served(torch.nn.Module):
     """Raw rows -> (x - shift) / scale (training statistics, float32) -> model input shape ->
-    model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression)."""
+    model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression; in the
+    targets' units: * scale + shift when they were normalised)."""
 
     def __init__(self, model: torch.nn.Module, inputs: Inputs) -> None:
         super().__init__()
@@ -36,6 +37,9 @@ class _Served(torch.nn.Module):
         self.width = math.prod(inputs.features)
         self.shape = tuple(t.shape) if t.shape is not None else tuple(inputs.features)
         self.activation = {"cross_entropy": "softmax", "binary_cross_entropy": "sigmoid"}.get(inputs.loss, "none")
+        self.denormalise = inputs.target is not None and self.activation == "none"
+        if self.denormalise:  # a forecaster trained on normalised targets answers in the series' units
+            self.register_buffer("target", torch.tensor(inputs.target, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.normalise:
@@ -45,6 +49,8 @@ class _Served(torch.nn.Module):
             return torch.softmax(out, dim=1)
         if self.activation == "sigmoid":
             return torch.sigmoid(out)
+        if self.denormalise:
+            return out * self.target[1] + self.target[0]
         return out
 
 

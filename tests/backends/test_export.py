@@ -220,3 +220,37 @@ def test_embedding_and_lstm_export_predict_what_hvtrain_predict_does(tmp_path, s
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
     again = export_model(cfg, weights, fmt, str(path), backend=exporter)  # an artefact of its format is replaced
     assert again["max_difference"] <= TOL and path.exists()
+
+
+@pytest.mark.parametrize("trained_by,fmt,exporter", [("torch", "onnx", "tensorflow"), ("tensorflow", "onnx", "torch")])
+def test_a_forecaster_predicts_and_exports_in_the_series_units(tmp_path, trained_by, fmt, exporter):
+    """A windowed series trains on normalised targets: predict and the exported graph both gave
+    those normalised values (~0 +- 1 for sunspot counts of 0..190) until the targets' shift and
+    scale travelled in the weights' inputs record. Now predict's MAE on the raw validation windows
+    is the run's own val MAE in sunspot units, and the export outputs the same forecasts."""
+    from hvtrain.config import load_config
+    from hvtrain.data import load_dataset
+
+    cfg = {"name": "forecast", "backend": trained_by, "seed": 3,
+           "data": {"dataset": "statsmodels:sunspots", "window": 16, "horizon": 1, "validation_split": 0.2,
+                    "batch_size": 16, "normalize": "standard"},
+           "model": {"input_shape": [16, 1], "layers": [{"type": "lstm", "units": 8}, {"type": "dense", "units": 1}]},
+           "loss": "mse", "metrics": ["mae"], "optimizer": {"name": "adam", "lr": 0.003},
+           "train": {"epochs": 3, "threads": 1}}
+    summary = hvtrain.train(cfg, output_dir=str(tmp_path / "run"), quiet=True)
+    weights = str(tmp_path / "run" / "final.safetensors")
+    d = load_dataset(load_config(cfg), (16, 1))
+    facts = d.series
+    x = d.val.source.features(d.val.rows)  # the raw windows, in sunspot units
+    y = d.y_val * facts["scale"] + facts["shift"]
+    assert x.shape == (46, 16) and 40 < float(y.mean()) < 120
+    forecast = hvtrain.predict(cfg, weights, x)
+    assert forecast.shape == (46, 1)
+    mae = float(np.abs(forecast[:, 0] - y[:, 0]).mean())
+    assert mae == pytest.approx(summary["series"]["val_mae"], rel=1e-4), (mae, summary["series"])
+    assert np.abs(forecast.mean() - y.mean()) < 0.5 * y.std()  # sunspot counts, not ~0-centred values
+    path = tmp_path / f"model.{fmt}"
+    result = export_model(cfg, weights, fmt, str(path), backend=exporter)
+    assert result["rows"] == 46 and result["output"] == "outputs"
+    got = onnx_runner(str(path))(np.ascontiguousarray(x))
+    np.testing.assert_allclose(got, forecast, rtol=TOL, atol=TOL)

@@ -76,6 +76,29 @@ def test_string_labels_travel_as_the_classes(tmp_path):
     assert labels.tolist() == ["dog", "cat"]
 
 
+
+def test_a_forecasters_targets_shift_and_scale_travel_and_predictions_come_back_in_series_units(tmp_path):
+    """A windowed series trains on (y - shift) / scale; predict gave those normalised values (the
+    record had no target statistics), a sunspot forecast of ~0.3 instead of ~70."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("name: s\ndata: {dataset: 'statsmodels:sunspots', window: 8, normalize: standard}\nloss: mse\n"
+                   "model: {input_shape: [8], layers: [{type: dense, units: 1}]}\n")
+    p = prepare(str(cfg))
+    record = json.loads(json.dumps(describe_inputs(p.cfg, p.data)))
+    inputs = inputs_from(record, "here")
+    shift, scale = p.data.series["shift"], p.data.series["scale"]
+    assert inputs.target == (shift, scale) and 40 < shift < 60 and 30 < scale < 50
+    normalised = p.data.y_val[:5]
+    got = convert("probabilities", "mse", normalised, inputs.classes, inputs.target)
+    raw = p.data.val.source.features(p.data.val.rows[:5])  # inputs in sunspot units; y follows x by one year
+    assert np.allclose(got[:-1, 0], raw[1:, -1], atol=1e-3) and got.dtype == np.float32
+    assert np.array_equal(convert("logits", "mse", normalised, None, inputs.target), got)
+    np.savez(tmp_path / "r.npz", x=np.ones((20, 3)), y=np.arange(20.0))
+    plain = prepare(str(write_config(tmp_path, dataset=f"npz:{tmp_path}/r.npz", loss="mse", shape="[3]", units=1)))
+    assert inputs_from(describe_inputs(plain.cfg, plain.data), "here").target is None  # raw targets: nothing to undo
+    with pytest.raises(DataError, match=r"target: expected finite shift and a positive scale"):
+        inputs_from({**record, "target": {"shift": 1.0, "scale": 0.0}}, "w.st")
+
 def test_inputs_record_errors_name_the_file():
     with pytest.raises(DataError, match=r"^w.st: unreadable 'inputs' metadata .*version 1, got 7"):
         inputs_from({"version": 7}, "w.st")
