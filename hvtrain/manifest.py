@@ -21,6 +21,7 @@ from typing import Any
 from hvtrain import __version__
 from hvtrain.config import Config
 from hvtrain.dist import elastic_launch, launched_with_gloo, launcher_rank
+from hvtrain.launch.horovodrun import MODULE as HOROVODRUN_MODULE
 
 LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "horovodrun", "srun", "jsrun", "aprun")
 JOB_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "PBS_JOBID", "LSB_JOBID")
@@ -42,6 +43,8 @@ def launcher() -> dict[str, Any]:
         for parent in psutil.Process().parents():
             argv = parent.cmdline()
             names = {parent.name()} | {os.path.basename(a) for a in argv[:2]}
+            if argv[1:3] == ["-m", HOROVODRUN_MODULE]:  # hvtrain launch's horovodrun
+                names.add("horovodrun")
             hit = next((n for n in LAUNCHERS if n in names), None)
             if hit:
                 return {"kind": kind, "name": hit, "argv": argv}

@@ -15,6 +15,7 @@ from pathlib import Path
 from hvtrain.errors import LaunchError
 from hvtrain.launch import mpi
 from hvtrain.launch.builders import LaunchRequest, build_horovodrun, build_mpirun, build_srun
+from hvtrain.launch.horovodrun import MODULE as HOROVODRUN_MODULE
 from hvtrain.launch.hostfile import HostSlots, parse_hostfile, parse_hosts, render_hostfile
 from hvtrain.launch.scheduler import detect
 
@@ -75,7 +76,8 @@ def plan(np: int | None, args: Sequence[str], launcher: str, hostfile: str | Non
         req = LaunchRequest(np, command, records, launcher_path=find_executable("horovodrun"), gloo=gloo,
                             extra=tuple(extra))
         argv, env = build_horovodrun(req, env)
-        return Plan(argv, env, None)
+        # Horovod's launcher itself, in this Python, with its per-launch build check cached
+        return Plan([sys.executable, "-m", HOROVODRUN_MODULE, *argv[1:]], env, None)
     info = mpi.detect(find_executable("mpirun"))
     text = render_hostfile(records, info.flavour) if hostfile or alloc is not None else None
     req = LaunchRequest(np, command, records, hostfile=HOSTFILE_PLACEHOLDER if text else None,

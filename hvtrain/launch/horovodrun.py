@@ -1,0 +1,74 @@
+"""`horovodrun` as `hvtrain launch` runs it: Horovod's own launcher (horovod.runner.launch,
+unchanged), with its build check answered from a cache.
+
+Before it starts any rank, horovodrun asks whether Horovod was built with MPI (or Gloo) by
+importing Horovod's first framework extension in a forked process: `horovod.tensorflow`, so
+TensorFlow's import (~3-4 s on a 2-core node, and its log lines in the job's output) on every
+launch, a torch job's too. The answer depends only on the installed extension libraries, so it is
+kept per library set (their paths, sizes and modification times, and Horovod's version) in
+`$XDG_CACHE_HOME/hvtrain` (default ~/.cache/hvtrain). The first launch, or the first after Horovod
+is rebuilt or reinstalled, still asks Horovod; a cache that cannot be read or written is ignored.
+
+Run as `python -m hvtrain.launch.horovodrun ARGS` (the arguments of horovodrun).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+MODULE = "hvtrain.launch.horovodrun"  # how manifests recognise this launcher in a rank's parents
+
+
+def cache_file(horovod_dir: Path, version: str) -> Path:
+    """The cache entry of this Horovod build: its extension libraries, as installed."""
+    h = hashlib.sha256(version.encode())
+    for lib in sorted(horovod_dir.glob("*/mpi_lib*.so")):
+        st = lib.stat()
+        h.update(f"{lib}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "hvtrain" / f"horovod-build-{h.hexdigest()[:16]}.json"
+
+
+def cached(name: str, check: Callable[..., bool | None], path: Path) -> Callable[..., bool | None]:
+    """`check` (horovod.common.util.mpi_built / gloo_built), its answer kept in `path` under `name`."""
+
+    def answer(verbose: bool = False) -> bool | None:
+        try:
+            known = json.loads(path.read_text())
+            if isinstance(known.get(name), bool):
+                return known[name]
+        except (OSError, ValueError, AttributeError):
+            known = {}
+        result = check(verbose=verbose)
+        if isinstance(result, bool):  # None: no extension could be loaded; ask again next time
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}")
+                tmp.write_text(json.dumps({**known, name: result}))
+                os.replace(tmp, path)
+            except OSError:
+                pass
+        return result
+
+    return answer
+
+
+def main() -> int:
+    import horovod
+    from horovod.common import util
+    from horovod.runner import launch
+
+    path = cache_file(Path(horovod.__file__).parent, horovod.__version__)
+    launch.mpi_built = cached("mpi", util.mpi_built, path)  # launch.py calls them by its module globals
+    launch.gloo_built = cached("gloo", util.gloo_built, path)
+    sys.argv[0] = "horovodrun"
+    return launch.run_commandline()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
