@@ -410,9 +410,13 @@ def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None
         metrics, _ = reduce_metrics(s.runtime, steps.metrics, steps.eval_sums(p.data.val))
         result = {"config": p.cfg.source, "weights": weights_path, "backend": p.cfg.backend,
                   "world_size": s.info.size, **{f"val_{k}": v for k, v in metrics.items()}}
+        if p.data.series is not None:  # a forecaster: its errors in the series' units too, as training's summary
+            from hvtrain.timeseries import in_series_units
+
+            result["series"] = {**p.data.series, **in_series_units(p.data.series, metrics)}
         reporter.write_json("eval.json", result)
         reporter.print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
-                                if not isinstance(v, list)))  # per-class values: in eval.json
+                                if not isinstance(v, (list, dict))))  # per-class values: in eval.json
         return result
 
 

@@ -249,6 +249,8 @@ def test_a_forecaster_predicts_and_exports_in_the_series_units(tmp_path, trained
     mae = float(np.abs(forecast[:, 0] - y[:, 0]).mean())
     assert mae == pytest.approx(summary["series"]["val_mae"], rel=1e-4), (mae, summary["series"])
     assert np.abs(forecast.mean() - y.mean()) < 0.5 * y.std()  # sunspot counts, not ~0-centred values
+    evaluated = hvtrain.evaluate(cfg, weights, output_dir=str(tmp_path / "eval"))["series"]  # evaluate says so too
+    assert evaluated["val_mae"] == pytest.approx(mae, rel=1e-4) and evaluated["persistence_val_mae"] > 0
     path = tmp_path / f"model.{fmt}"
     result = export_model(cfg, weights, fmt, str(path), backend=exporter)
     assert result["rows"] == 46 and result["output"] == "outputs"
