@@ -127,6 +127,11 @@ def read_texts(path: Path) -> list[str]:
         DataError: unreadable, or not UTF-8.
     """
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        content = path.read_bytes().decode("utf-8")  # no newline translation
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read texts, one per line, UTF-8 ({exc})") from None
+    # lines end at \n (or \r\n) only: str.splitlines also splits at \r, \x0c, \u2028 ... inside a text
+    lines = content.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from hvtrain.config import load_config
-from hvtrain.data import load_dataset
+from hvtrain.data import load_dataset, split_rows
+from hvtrain.text import load_corpus
 from tests.conftest import ROOT, hvtrain, run
 
 
@@ -39,3 +40,17 @@ def test_review_classifier_beats_the_majority_class(tmp_path, backend):
     d = load_dataset(load_config(ROOT / "examples/reviews_text.yaml"), (40,), integer_input=True)
     majority = np.bincount(d.y_val).max() / len(d.y_val)  # 0.58: "fresh"
     assert s["val_accuracy"] >= majority + 0.12 and s["val_roc_auc"] >= 0.8, (s["val_accuracy"], majority)
+    # `hvtrain predict` on the raw validation texts, one per line, encoded by the vocabulary that
+    # travelled with the weights: its labels score what training's evaluation did
+    cfg = load_config(ROOT / "examples/reviews_text.yaml")
+    texts, labels = load_corpus(cfg)
+    _, val = split_rows(cfg, len(texts))
+    lines = [" ".join(texts[i].split("\n")) + "\n" for i in val]  # 36 reviews hold line breaks: same tokens
+    (tmp_path / "val.txt").write_text("".join(lines), encoding="utf-8")
+    run(hvtrain("predict", "examples/reviews_text.yaml", "--backend", backend, "--weights",
+                str(tmp_path / "final.safetensors"), "--input", str(tmp_path / "val.txt"), "--output",
+                str(tmp_path / "p.npy"), "--labels", str(tmp_path / "l.npy")), timeout=300)
+    predicted = np.load(tmp_path / "l.npy", allow_pickle=False)
+    assert predicted.shape == (len(val),) and np.load(tmp_path / "p.npy").shape == (len(val), 2)
+    accuracy = float(np.mean(predicted == labels[val]))  # the corpus's own labels: 'fresh' / 'rotten'
+    assert accuracy == pytest.approx(s["val_accuracy"], abs=1.01 / len(val)), (accuracy, s["val_accuracy"])

@@ -11,7 +11,7 @@ import pytest
 from hvtrain.config import load_config
 from hvtrain.data import load_dataset, split_rows
 from hvtrain.errors import ConfigError
-from hvtrain.text import OOV, PAD, build_vocabulary, encode, load_corpus, tokenize
+from hvtrain.text import OOV, PAD, build_vocabulary, encode, load_corpus, read_texts, tokenize
 from hvtrain.timeseries import load_series, make_windows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,6 +214,18 @@ def test_the_vocabulary_travels_with_the_weights_and_encodes_new_texts(tmp_path)
     rows = open_input(tmp_path / "reviews.txt", inputs)  # hvtrain predict --input reviews.txt
     assert np.array_equal(rows.read(0, len(rows)), d.val.source.features(d.val.rows[:5]))
 
+
+
+def test_a_texts_file_has_one_text_per_line_whatever_else_a_text_holds(tmp_path):
+    """str.splitlines split a review at a form feed, a lone \\r or U+2028 inside it: predict got
+    more rows than lines, each prediction a line off from its text."""
+    p = tmp_path / "t.txt"
+    p.write_bytes("a \u2028 b\r\nform\x0cfeed\n\nlast \r here".encode())
+    assert read_texts(p) == ["a \u2028 b", "form\x0cfeed", "", "last \r here"]
+    p.write_bytes(b"one\n")
+    assert read_texts(p) == ["one"]
+    p.write_bytes(b"")
+    assert read_texts(p) == []
 
 def test_texts_for_a_model_without_a_vocabulary_are_refused(tmp_path):
     from hvtrain.errors import DataError
