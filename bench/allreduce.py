@@ -1,8 +1,8 @@
 """Allreduce: bus bandwidth of hvtrain's gradient path against raw MPI (mpi4py Allreduce) for
 4 KiB..64 MiB, and a model of many small tensors, the case tensor fusion exists for.
 
-Each side is its own 2-rank job (bench/peers/allreduce_job.py under horovodrun, as `hvtrain
-launch` starts ranks), the jobs alternating: hvtrain's path brings hvtrain's MPI settings and CPU
+Each side is its own 2-rank job (bench/peers/allreduce_job.py under horovodrun as `hvtrain launch`
+runs it, hvtrain.launch.horovodrun), the jobs alternating: hvtrain's path brings hvtrain's MPI settings and CPU
 binding, raw MPI keeps MPI's defaults, so neither inherits the other's. Bus bandwidth = 2(n-1)/n
 x bytes / seconds per allreduce (nccl-tests' definition; n=2: bytes / time). Diagnostic jobs (once,
 in the first repetition) explain the differences: raw MPI with the MPI settings hvtrain makes
@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from common import CONFIGS, PEERS, PY, all_met, bench_env, check, load_note, logger, med, peer_records, repeats, tool
+from common import CONFIGS, PEERS, PY, all_met, bench_env, check, load_note, logger, med, peer_records, repeats
 from common import run as run_command
 
 from hvtrain.config import load_config
 from hvtrain.dist import mpi_env
+from hvtrain.launch.horovodrun import MODULE as HOROVODRUN
 
 NP = 2
 MIB = 1 << 20
@@ -29,7 +30,7 @@ QUICK_SIZES = [4096, 256 * 1024, 4 * MIB]
 
 
 def job(side: str, seconds: float, sizes: list[int], env: dict[str, str] | None = None) -> dict:
-    argv = [tool("horovodrun"), "-np", str(NP), "-H", f"localhost:{NP}", PY, PEERS / "allreduce_job.py", side,
+    argv = [PY, "-m", HOROVODRUN, "-np", str(NP), "-H", f"localhost:{NP}", PY, PEERS / "allreduce_job.py", side,
             str(seconds), ",".join(map(str, sizes))]
     load = round(os.getloadavg()[0], 2)
     records = peer_records(run_command(argv, 900, env or bench_env()), NP)
