@@ -311,6 +311,13 @@ def run(m: Model, rows: Rows, sinks: dict[str, Any] | None, batch: int, session:
         detail = "; ".join(f"rank {r}: {n} rows of {list(s)}" for r, (n, s, _) in enumerate(agree))
         raise HvtrainError(f"ranks disagree on the input or the weights ({detail}): every rank must read the same "
                            "files")
+    if info.rank == 0 and m.inputs.target is None and m.cfg.loss not in CLASSIFICATION and \
+            m.cfg.data is not None and m.cfg.data.window is not None and m.cfg.data.normalize != "none":
+        from hvtrain.output import report_warning
+
+        report_warning(info, f"{m.path} was written before a forecaster's target normalisation travelled with its "
+                             "weights: its outputs are normalised; multiply by series.scale and add series.shift "
+                             "(the run's summary.json), or retrain")
     width: tuple[int, ...] | None = None
     for blocks in rounds(len(rows), info.size, batch):
         lo, hi = blocks[info.rank]

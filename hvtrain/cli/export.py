@@ -23,10 +23,12 @@ def export(config: str, weights: str, fmt: str, output: str, backend: str | None
            overrides: tuple[str, ...]) -> None:
     """Export CONFIG's model with WEIGHTS as ONNX, a SavedModel or TorchScript, taking the raw rows
     `hvtrain predict` takes and giving what it gives; verified on the spot against the framework's
-    predictions (max |difference| <= 1e-4, else nothing is left at PATH and the command fails)."""
+    predictions (max difference, relative above 1 in magnitude, <= 1e-4, else nothing is left at
+    PATH and the command fails)."""
     from hvtrain.export import export_model
 
     r = export_model(config, weights, fmt, output, backend, input_path, overrides)
     click.echo(f"exported {r['format']} ({r['backend']}) -> {r['path']}: input {r['input']['name']} "
                f"{r['input']['shape']} {r['input']['dtype']} (raw rows), output {r['output']}; verified on "
-               f"{r['verified_on']}: max |difference| {r['max_difference']:.2g} <= {r['tolerance']:g}")
+               f"{r['verified_on']}: max difference (relative above 1) {r['max_difference']:.2g} <= "
+               f"{r['tolerance']:g}")

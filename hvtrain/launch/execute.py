@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -73,8 +74,9 @@ def plan(np: int | None, args: Sequence[str], launcher: str, hostfile: str | Non
         argv, env = build_srun(req, env, (listed.stdout + listed.stderr).split())
         return Plan(argv, env, None)
     if launcher == "horovodrun":
-        req = LaunchRequest(np, command, records, launcher_path=find_executable("horovodrun"), gloo=gloo,
-                            extra=tuple(extra))
+        if importlib.util.find_spec("horovod") is None:
+            raise LaunchError(f"Horovod is not installed for {sys.executable} (run `make setup`)")
+        req = LaunchRequest(np, command, records, gloo=gloo, extra=tuple(extra))
         argv, env = build_horovodrun(req, env)
         # Horovod's launcher itself, in this Python, with its per-launch build check cached
         return Plan([sys.executable, "-m", HOROVODRUN_MODULE, *argv[1:]], env, None)

@@ -7,7 +7,8 @@ TensorFlow's import (~3-4 s on a 2-core node, and its log lines in the job's out
 launch, a torch job's too. The answer depends only on the installed extension libraries, so it is
 kept per library set (their paths, sizes and modification times, and Horovod's version) in
 `$XDG_CACHE_HOME/hvtrain` (default ~/.cache/hvtrain). The first launch, or the first after Horovod
-is rebuilt or reinstalled, still asks Horovod; a cache that cannot be read or written is ignored.
+is rebuilt or reinstalled, still asks Horovod, and only a yes is kept (a build without MPI is
+told so by Horovod on every launch); a cache that cannot be read or written is ignored.
 
 Run as `python -m hvtrain.launch.horovodrun ARGS` (the arguments of horovodrun).
 """
@@ -24,13 +25,17 @@ from pathlib import Path
 MODULE = "hvtrain.launch.horovodrun"  # how manifests recognise this launcher in a rank's parents
 
 
-def cache_file(horovod_dir: Path, version: str) -> Path:
-    """The cache entry of this Horovod build: its extension libraries, as installed."""
-    h = hashlib.sha256(version.encode())
-    for lib in sorted(horovod_dir.glob("*/mpi_lib*.so")):
-        st = lib.stat()
-        h.update(f"{lib}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+def cache_file(horovod_dir: Path, version: str) -> Path | None:
+    """The cache entry of this Horovod build (its extension libraries, as installed); None when
+    there is no cache directory (no HOME, as for an arbitrary container user)."""
+    try:
+        h = hashlib.sha256(version.encode())
+        for lib in sorted(horovod_dir.glob("*/mpi_lib*.so")):
+            st = lib.stat()
+            h.update(f"{lib}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except (OSError, RuntimeError):  # RuntimeError: Path.home() without HOME or a passwd entry
+        return None
     return base / "hvtrain" / f"horovod-build-{h.hexdigest()[:16]}.json"
 
 
@@ -40,12 +45,13 @@ def cached(name: str, check: Callable[..., bool | None], path: Path) -> Callable
     def answer(verbose: bool = False) -> bool | None:
         try:
             known = json.loads(path.read_text())
-            if isinstance(known.get(name), bool):
-                return known[name]
+            if known.get(name) is True:
+                return True
         except (OSError, ValueError, AttributeError):
             known = {}
         result = check(verbose=verbose)
-        if isinstance(result, bool):  # None: no extension could be loaded; ask again next time
+        # only a yes is kept: a no (or None: no extension loaded) is asked again, in Horovod's words
+        if result is True:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(f".{path.name}.{os.getpid()}")
@@ -64,8 +70,9 @@ def main() -> int:
     from horovod.runner import launch
 
     path = cache_file(Path(horovod.__file__).parent, horovod.__version__)
-    launch.mpi_built = cached("mpi", util.mpi_built, path)  # launch.py calls them by its module globals
-    launch.gloo_built = cached("gloo", util.gloo_built, path)
+    if path is not None:  # launch.py calls them by its module globals (its only caller in the runner)
+        launch.mpi_built = cached("mpi", util.mpi_built, path)
+        launch.gloo_built = cached("gloo", util.gloo_built, path)
     sys.argv[0] = "horovodrun"
     return launch.run_commandline()
 

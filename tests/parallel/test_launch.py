@@ -70,19 +70,36 @@ def test_doctor_unknown_backend_is_a_usage_error():
     assert "Traceback" not in proc.stderr
 
 
+FORBID_BUILD_CHECK = """import os
+if os.environ.get("FORBID_HOROVOD_BUILD_CHECK"):  # Horovod's build check, as horovodrun asks it, now fails
+    import horovod.common.util as util
+
+    def forbidden(*args, **kwargs):
+        raise SystemExit("horovod build check asked")
+
+    util._check_extension_lambda = forbidden
+"""
+
+
 def test_hvtrain_launch_horovodrun_answers_the_build_check_from_its_cache(tmp_path):
     """horovodrun imported TensorFlow (horovod.tensorflow, in a forked process) on every launch to
     ask whether Horovod has MPI: ~3-4 s before any rank starts, a torch job's too. hvtrain launch
-    runs Horovod's launcher with that answer cached per installed build. The proof that the second
-    launch takes it from the cache: a cache saying 'no MPI' makes it refuse, in Horovod's words."""
+    runs Horovod's launcher with that answer cached per installed build. Proof: once the cache
+    holds the answer, a launch whose build check would fail still trains; without the entry, the
+    same launch asks and fails."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FORBID_BUILD_CHECK)
     env = {**run_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    forbid = {**env, "PYTHONPATH": str(tmp_path / "site"), "FORBID_HOROVOD_BUILD_CHECK": "1"}
     argv = hvtrain("launch", "-np", "1", "--", "train", "examples/digits_mlp.yaml", "--set", "train.epochs=1",
                    "--output-dir", str(tmp_path / "run"), "--quiet")
     first = run(argv, env=env)
     assert shlex.split(first.stderr.splitlines()[0])[:3] == [sys.executable, "-m", "hvtrain.launch.horovodrun"]
     (entry,) = (tmp_path / "cache" / "hvtrain").glob("horovod-build-*.json")
     assert json.loads(entry.read_text()) == {"mpi": True}  # asked Horovod once (MPI mode: no Gloo question)
+    (tmp_path / "run" / "summary.json").unlink()
+    run(argv, env=forbid)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["world_size"] == 1
-    entry.write_text(json.dumps({"mpi": False}))
-    second = run(argv, env=env, check=False)
-    assert second.returncode != 0 and "MPI support has not been built" in second.stderr, second.stderr[-2000:]
+    entry.unlink()
+    asked = run(argv, env=forbid, check=False)
+    assert asked.returncode != 0 and "horovod build check asked" in asked.stderr, asked.stderr[-2000:]

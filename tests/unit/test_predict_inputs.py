@@ -387,3 +387,28 @@ def test_a_rank_reads_only_its_blocks_and_rank_0_writes_in_input_order(tmp_path,
     assert rows.reads == ([(0, 5), (10, 15), (20, 23)] if rank == 0 else [(5, 10), (15, 20)])
     if rank == 0:
         assert np.array_equal(out["logits"].result()[:, 0], x[:, 0])  # rows in input order
+
+
+def test_a_forecaster_saved_before_its_target_statistics_travelled_warns_once_on_rank_0(tmp_path, capsys):
+    """Weights of a windowed forecaster without the `target` record (written before it existed)
+    predict normalised values: rank 0 says so and how to undo it; a newer file says nothing."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("name: s\ndata: {dataset: 'statsmodels:sunspots', window: 8, normalize: standard}\nloss: mse\n"
+                   "model: {input_shape: [8], layers: [{type: dense, units: 1}]}\n")
+    p = prepare(str(cfg))
+    inputs = inputs_from(describe_inputs(p.cfg, p.data), "here")
+    backend = SimpleNamespace(predict=lambda b: b[:, :1].astype(np.float32))
+    for rank, record, warned in ((0, replace(inputs, target=None), True), (1, replace(inputs, target=None), False),
+                                 (0, inputs, False)):
+        m = Model(p.cfg, None, {}, record, "old.safetensors")
+        out = {"probabilities": Collected()} if rank == 0 else None
+        others = [np.zeros((0, 1), np.float32).tobytes()]
+        run(m, ArrayRows(np.ones((3, 8), np.float32)), out, 5,
+            SimpleNamespace(runtime=_Runtime(rank, 2, others), backend=backend))
+        err = capsys.readouterr().err
+        assert ("old.safetensors was written before a forecaster's target normalisation" in err) == warned, err
+        if warned:
+            assert err.startswith("hvtrain: warning: rank 0 of 2: ") and "series.scale" in err
