@@ -196,6 +196,11 @@ def _check_target(out: Path, fmt: str, protected: dict[str, Any]) -> None:
     for what, path in protected.items():
         if path is not None and out.exists() and Path(path).exists() and os.path.samefile(out, path):
             raise DataError(f"{out}: is {what} ({path}); the export would overwrite it: give another -o path")
+    # the artefact is staged beside PATH: its nearest existing directory must take new files (checked
+    # now, before the model is loaded, not when the framework fails to write)
+    base = next((p for p in (out.parent, *out.parent.parents) if p.exists()), Path("/"))
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise DataError(f"{out}: cannot write there ({base} is not a writable directory); give another -o path")
     if not out.exists():
         return
     kinds = {"onnx": "an ONNX file", "torchscript": "a TorchScript archive", "savedmodel": "a SavedModel directory"}

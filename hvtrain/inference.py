@@ -97,7 +97,9 @@ class CsvRows(Rows):
 
     The first line is always the header, as training's `csv:` datasets read it (data._read_csv):
     one rule for both, and no guess. Guessing by content read pandas' `to_csv(index=False)` header
-    of integer column names (`0,1,2`) as a data row, shifting every output by one row.
+    of integer column names (`0,1,2`) as a data row, shifting every output by one row. A first
+    line of other numbers is refused: it is a file without a header (np.savetxt's default), whose
+    first sample would otherwise be dropped and every prediction moved a row.
     """
 
     def __init__(self, path: Path, width: int) -> None:
@@ -123,6 +125,13 @@ class CsvRows(Rows):
                             raise DataError(f"{self.path}:{reader.line_num}: expected a header line of {self.width} "
                                             f"column names (the model's features; the first line is always the "
                                             f"header, as in training's CSV), got {len(row)} fields")
+                        if all(_is_number(v) for v in row) and [v.strip() for v in row] != \
+                                [str(i) for i in range(self.width)]:
+                            raise DataError(f"{self.path}:{reader.line_num}: the first line is the header (column "
+                                            f"names), but it holds numbers ({', '.join(row[:3])}, ...): a file "
+                                            "without a header line would lose its first row to it; add a line of "
+                                            "column names (np.savetxt(..., header=','.join(names), comments=''); "
+                                            "pandas' integer names 0,1,2,... are taken as names)")
                         continue
                     yield self._parse(row, reader.line_num)
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
@@ -325,6 +334,9 @@ def run(m: Model, rows: Rows, sinks: dict[str, Any] | None, batch: int, session:
         if hi > lo:
             raw = rows.read(lo, hi).reshape((hi - lo,) + shape)
             logits = np.ascontiguousarray(session.backend.predict(m.inputs.transform(raw)), np.float32)
+            if logits.shape[1:] != (m.inputs.outputs,):  # an entrypoint model has no spec to check before
+                raise DataError(f"{m.path}: the model outputs {list(logits.shape[1:])} values per row, its weights "
+                                f"were trained for {m.inputs.outputs}")
             width = width or tuple(logits.shape[1:])
             out = logits.tobytes()
         parts = rt.gather_bytes(out)

@@ -181,7 +181,7 @@ class NpyWriter:
     def __init__(self, path: Path, rows: int, row: tuple[int, ...], dtype: np.dtype) -> None:
         from numpy.lib import format as npformat
 
-        self.path, self.expected, self.done = path, rows, 0
+        self.path, self.expected, self.done, self.row = path, rows, 0, tuple(row)
         self.dtype = np.dtype(dtype)
         _remove_dead_temps(path)
         self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -190,6 +190,11 @@ class NpyWriter:
                                                   "fortran_order": False, "shape": (rows,) + tuple(row)})
 
     def write(self, block: np.ndarray) -> None:
+        if block.shape[1:] != self.row:  # the header promised rows of this shape
+            from hvtrain.errors import HvtrainError
+
+            raise HvtrainError(f"{self.path}: a block of rows shaped {list(block.shape[1:])}, the file holds rows "
+                               f"of {list(self.row)}")
         self.fh.write(np.ascontiguousarray(block, self.dtype).tobytes())
         self.done += len(block)
 

@@ -137,6 +137,14 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     if blocked is not None:
         raise DataError(f"{out}: expected a directory for the report, got "
                         + ("an existing file" if blocked == out else f"a path under the file {blocked}"))
+    try:
+        return _draw(run, out)
+    except OSError as exc:  # a colleague's read-only run directory, a full disk
+        raise DataError(f"{out}: cannot write the report ({exc.strerror or exc}); give another directory with "
+                        "-o DIR") from None
+
+
+def _draw(run: Run, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Path] = {}
     captions: dict[str, str] = {}

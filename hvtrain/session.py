@@ -56,6 +56,25 @@ def prepare(config: ConfigSource, backend: str | None = None, output_dir: str | 
     return Prepared(cfg, spec, data)
 
 
+def check_native_outputs(cfg: Config, backend: Any, data: Dataset) -> None:
+    """An entrypoint model's output width against what its loss and data need, once before
+    training (a config's model is checked from its spec in prepare). A wider output trained
+    (cross-entropy takes any number of logits) and failed at the first evaluation, an epoch later.
+
+    Raises:
+        ConfigError: at model.entrypoint, naming both widths.
+    """
+    n = min(2, len(data.train))
+    if n == 0:
+        return
+    width = int(np.asarray(backend.predict(data.train.features(np.arange(n)))).reshape(n, -1).shape[1])
+    if width != data.num_outputs:
+        what = {"cross_entropy": f"one score per class ({data.num_outputs} classes)",
+                "binary_cross_entropy": "one logit"}.get(cfg.loss, f"{data.num_outputs} target value(s)")
+        raise cfg.fail("model.entrypoint", f"{cfg.model.entrypoint} outputs {width} values per sample; loss "
+                                           f"{cfg.loss} on {data.name} needs {what}")
+
+
 def largest_token_id(cfg: Config, data: Dataset) -> tuple[int | None, str]:
     """The largest token id the model may be fed, and where it comes from: data.vocab_size - 1 for
     a text corpus (ids of words a larger training split would add, too); else the largest id in
@@ -234,6 +253,8 @@ class Session:
             reporter.notice(note)
         if self.plan is None:
             self.backend.build(cfg, p.spec, weights, p.data.num_outputs, rt)
+            if p.spec is None:
+                check_native_outputs(cfg, self.backend, p.data)
             steps = DataParallelSteps(self.backend, rt, metrics)
             layout = None
         else:

@@ -73,3 +73,34 @@ def test_failed_export_leaves_no_output_directory(tmp_path):
     r = _export(cfg, weights, tmp_path / "new" / "deeper" / "m.pt")  # the weights are unreadable
     assert r.exit_code == 2 and "not a readable safetensors file" in r.output, r.output
     assert not (tmp_path / "new").exists()
+
+
+def test_export_argument_errors_are_one_line_exit_2_before_any_framework(tmp_path):
+    """`hvtrain export` on a login node: every argument error comes before torch/TensorFlow/Horovod
+    (each is a module that fails when imported here), in one line, exit 2. The last case is new: an
+    -o under a file failed only when the framework wrote the artefact."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.unit.test_predict_inputs import NO_FRAMEWORK
+
+    root = Path(__file__).resolve().parents[2]
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    for name in ("torch", "tensorflow", "horovod", "keras", "tf2onnx", "onnxruntime"):
+        (blocker / f"{name}.py").write_text(NO_FRAMEWORK)
+    cfg, weights = _setup(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    cases = [
+        (["--format", "savedmodel", "--backend", "torch", "-o", "m"], "savedmodel"),
+        (["--format", "onnx", "-o", str(tmp_path / "notes.txt")], "notes.txt: expected a new path or an ONNX file"),
+        (["--format", "onnx", "-o", str(tmp_path / "notes.txt" / "m.onnx")], "is not a writable directory"),
+        (["--format", "onnx", "-o", "m.onnx"], "final.safetensors: not a readable safetensors file"),
+    ]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{blocker}:{root}"}
+    for args, expect in cases:
+        proc = subprocess.run([sys.executable, "-m", "hvtrain", "export", str(cfg), "--weights", str(weights), *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and expect in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr

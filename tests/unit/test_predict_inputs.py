@@ -151,7 +151,7 @@ def test_csv_rows_header_blank_lines_and_streamed_ranges(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ("a,b\n1,2\n\n3,x\n", r"bad.csv:4: column 2: expected a number, got 'x'"),
-    ("1,2\n3,4,5\n", r"bad.csv:2: expected 2 values \(the model's features\), got 3"),
+    ("0,1\n3,4,5\n", r"bad.csv:2: expected 2 values \(the model's features\), got 3"),
     ("a,b\n1,b\n", r"bad.csv:2: column 2: expected a number, got 'b'"),
     ("a,b,c\n1,2\n", r"bad.csv:1: expected a header line of 2 column names \(the model's features; the first line "
                      r"is always the header, as in training's CSV\), got 3 fields"),
@@ -340,6 +340,15 @@ def test_csv_numeric_header_is_a_header_as_in_training(tmp_path):
                        "model": {"input_shape": [2], "layers": [{"type": "dense", "units": 2}]}})
     data = load_dataset(cfg, (2,), False)
     assert len(data.train) + len(data.val) == 2  # training read the same line as its header
+
+
+def test_a_csv_without_a_header_line_is_refused_not_a_row_short(tmp_path):
+    """np.savetxt writes no header: predict took the first sample as the header and wrote N-1 rows,
+    every one a row off from the user's data, exit 0."""
+    np.savetxt(tmp_path / "x.csv", np.array([[0.5, 1.5, 2.5], [3.0, 4.0, 5.0]]), delimiter=",")
+    with pytest.raises(DataError, match=r"x.csv:1: the first line is the header \(column names\), but it holds "
+                                        r"numbers \(5.000000000000000000e-01, "):
+        CsvRows(tmp_path / "x.csv", 3)
 
 
 # ----------------------------------------------------------------------------- the rounds, without Horovod

@@ -259,3 +259,16 @@ def test_a_new_run_removes_the_old_runs_scores(tmp_path):
     assert (run / "val_scores.npz").is_file() and (run / "metrics.jsonl").is_file()
     Reporter(ProcessInfo(0, 1), run).close()
     assert not (run / "val_scores.npz").exists() and not (run / "metrics.jsonl").exists()
+
+
+def test_a_report_directory_that_cannot_be_written_is_one_line_exit_2():
+    """A colleague's read-only run directory gave PermissionError's traceback. (Tests run as root,
+    which writes anywhere a mode allows: sysfs refuses any new directory, to root too.)"""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = make_run(Path(tmp) / "run")
+        r, lines = _report_cli(run, "-o", "/sys/hvtrain-report")
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith("hvtrain: error: /sys/hvtrain-report: cannot write the report (") and \
+        lines[0].endswith("give another directory with -o DIR"), r.output
