@@ -90,6 +90,18 @@ def verdict(met: bool | None) -> str:
     return {True: "met", False: "**missed**", None: "not judged"}[met]
 
 
+def _duration(latest: dict) -> str:
+    """How long the run took; for a run of some sections (--only), which ones, and what every
+    section's own duration adds up to (a whole `make bench` is that plus its start-up)."""
+    took = f"{latest.get('seconds', 0) / 60:.1f} min"
+    ran, sections = latest.get("ran"), latest.get("sections", {})
+    if ran is None or set(ran) >= set(sections):
+        return f"This invocation took {took}."
+    total = sum(s.get("seconds", 0) for s in sections.values()) / 60
+    return (f"This invocation re-ran {', '.join(ran)} ({took}); the other sections' results are kept from an "
+            f"earlier invocation. Every section's own duration adds up to {total:.1f} min.")
+
+
 def render(latest: dict) -> str:
     m, quick = latest["machine"], latest["quick"]
     lines = ["# Benchmarks", ""]
@@ -100,8 +112,8 @@ def render(latest: dict) -> str:
               "Raw numbers per run: `bench/results/<section>.json`. Every comparison ran its sides alternately "
               f"(A, B, C, A, B, C, ...), {latest['repeats']} repetition(s); tables give the median and the spread "
               "(min-max over repetitions); ratios are medians of the per-repetition ratios of sides that ran next "
-              f"to each other. This invocation took {latest.get('seconds', 0) / 60:.1f} min (each section's date, "
-              "duration and repetitions are under its heading).", "",
+              f"to each other. {_duration(latest)} Each section's date, duration and repetitions are under its "
+              "heading.", "",
               "## Machine", ""]
     v = m["versions"]
     facts = [["CPU", f"{m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable)"],

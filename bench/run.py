@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     latest_path = args.out / "latest.json"
     previous = json.loads(latest_path.read_text()) if latest_path.is_file() else {}
     keep = {k: v for k, v in previous.get("sections", {}).items() if k in SECTIONS and k not in args.only}
-    latest = {"quick": args.quick, "repeats": repeats(args.quick),
-              "machine": report.machine(), "sections": keep}
+    latest = {"quick": args.quick, "repeats": repeats(args.quick), "machine": report.machine(),
+              "ran": [s for s in SECTIONS if s in args.only], "sections": keep}
     t0 = time.perf_counter()
     for name in [s for s in SECTIONS if s in args.only]:
         print(f"bench: {name} ...", file=sys.stderr, flush=True)

@@ -59,3 +59,14 @@ def test_quick_results_never_go_to_the_committed_report(monkeypatch):
     args = bench_run.parse(["--quick"])
     assert args.out == ROOT / "bench/results/quick" and args.report == ROOT / "bench/results/quick/BENCHMARKS-quick.md"
     assert bench_run.parse([]).report == ROOT / "BENCHMARKS.md"
+
+
+def test_a_partial_run_says_which_sections_it_ran_and_what_every_section_adds_up_to():
+    """`--only` re-ran two sections and the header said "This invocation took 3.9 min" over a
+    report whose other sections came from a 21-minute run: the budget could not be read off it."""
+    sections = {"demo": SECTION, "other": {**SECTION, "seconds": 600.0}}
+    full = report.render({**latest(sections), "ran": ["demo", "other"]})
+    assert "This invocation took 1.0 min." in full
+    partial = report.render({**latest(sections), "ran": ["demo"]})
+    assert "This invocation re-ran demo (1.0 min); the other sections' results are kept from an earlier " \
+           "invocation. Every section's own duration adds up to 10.1 min." in partial
