@@ -482,6 +482,11 @@ def _check(cfg: Config, need_data: bool = True) -> None:
                        f"expected entries >= 0 (0 = no response cache), got {h.cache_capacity}")
     if h.num_groups < 0:
         raise cfg.fail("horovod.num_groups", f"expected >= 0 (0 = one group), got {h.num_groups}")
+    for path, value, default in [("horovod.cycle_time_ms", h.cycle_time_ms, 1.0),
+                                 ("horovod.fusion_threshold_mb", h.fusion_threshold_mb, 64.0)]:
+        if h.autotune and value != default:
+            raise cfg.fail(path, f"autotune: true searches it, and a value hvtrain exported would be left out of "
+                                 f"the search; leave it unset (got {value:g}), or export HOROVOD_* yourself to fix it")
     if h.autotune and h.autotune_from:
         raise cfg.fail("horovod.autotune_from", "give either autotune: true (search now) or autotune_from (use a "
                        "previous search's best values), not both")

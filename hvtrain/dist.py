@@ -134,13 +134,19 @@ def horovod_env(h: Any, elastic: bool = False, out_dir: Path | None = None) -> d
     """Horovod knobs from the config's `horovod` section; a HOROVOD_* variable already set by the
     user wins. Relative paths (timeline, autotune log) are in `out_dir`.
 
+    With `autotune`, the cycle time and fusion threshold are left to Horovod's search: Horovod
+    takes a HOROVOD_CYCLE_TIME / HOROVOD_FUSION_THRESHOLD it finds as fixed (operations.cc,
+    SetCycleTimeMs(..., fixed=true)) and tunes only the rest.
+
     With `elastic` (the run handles resets) the fusion threshold is left to Horovod: measured
     with 0.28.1, a survivor segfaults in hvd.init() on the reset after a peer dies when
     HOROVOD_FUSION_THRESHOLD is set explicitly (HOROVOD_CYCLE_TIME alone is fine)."""
     out = Path(out_dir or ".")
     tuned = best_autotuned(h.autotune_from) if h.autotune_from else {}
     wanted = {"HOROVOD_CYCLE_TIME": f"{tuned.get('cycle_time_ms', h.cycle_time_ms):g}"}
-    if not elastic:
+    if h.autotune:  # Horovod fixes (leaves out of its search) a knob whose variable is set: search both
+        wanted = {}
+    elif not elastic:
         fusion_mb = tuned.get("fusion_threshold_mb", h.fusion_threshold_mb)
         wanted["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_mb * 1024 * 1024))
     if tuned:

@@ -78,6 +78,21 @@ def test_tuning_knobs_become_horovod_variables(tmp_path):
     assert env["HOROVOD_AUTOTUNE_LOG"] == str(tmp_path / "autotune.csv")
     assert env["HOROVOD_TIMELINE"] == str(tmp_path / "tl.json")
     assert "HOROVOD_TIMELINE" not in horovod_env(HorovodConfig())  # nothing unless asked for
+    # Horovod fixes a knob whose variable is set: under autotune both are left to its search
+    assert not {"HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD"} & set(env)
+
+
+def test_autotune_with_a_fixed_cycle_or_fusion_is_a_located_config_error(tmp_path):
+    from hvtrain.config import load_config
+    from hvtrain.errors import ConfigError
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: t\ndata: {dataset: 'sklearn:digits'}\nmodel: {input_shape: [64], layers: [{type: dense, units: 10}]}\n"
+                   "horovod:\n  autotune: true\n  cycle_time_ms: 5\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:6: horovod.cycle_time_ms: autotune: true searches it.*got 5\)"):
+        load_config(str(cfg))
+    cfg.write_text(cfg.read_text().replace("cycle_time_ms: 5", "cycle_time_ms: 1"))  # the default: fine
+    assert load_config(str(cfg)).horovod.autotune
 
 
 # Written by Horovod 0.28.1's ParameterManager (note the ", " after torus_allreduce in its rows).
