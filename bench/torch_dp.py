@@ -117,6 +117,11 @@ def run(quick: bool) -> dict:
             "OpenMPI's defaults (cycle time 1 ms, fusion 128 MiB, MPI spinning while it waits, no binding under "
             "horovodrun), as a user writing it gets.",
             "Repetitions: np=2 as the section says, np=1 at most 2.",
+            "Layout: hvtrain's torch backend keeps activations channels-last (its neutral layout) and hands convs "
+            "NHWC-ordered tensors in torch's channels_last memory format; the peers use PyTorch's default NCHW "
+            "(bench/peers/torch_models.py), as a user writing them would. The math is the same; the CNN's time per "
+            "step differs already at np=1, where nothing is communicated (the 'cnn np=1' row), so part of every CNN "
+            "ratio is that layout, not hvtrain's loop.",
             "ceiling: two one-rank `hvtrain train` runs of the per-rank workload started together, samples/s "
             "summed; '÷ ceiling' is each np=2 side's share of it.",
             f"'{KNOBBED}' (MLP np=2, no goal): the same hand-written loop with the environment hvtrain sets from its "
