@@ -304,10 +304,11 @@ TIMEOUT = 900.0  # seconds a single run may take before it counts as hung
 
 
 def hvtrain_side(name: str, np: int, config: Path | str, tmp: Path, sets: Sequence[str] = (),
-                 backend: str = "torch") -> Side:
+                 backend: str = "torch", env: dict[str, str] | None = None) -> Side:
+    """hvtrain on `np` ranks; `env`: variables added to the bench environment (a lever)."""
     def measure(rep: int) -> dict:
-        out = tmp / f"{name}-np{np}-{rep}".replace(" ", "_")
-        run(hvtrain_argv(np, config, out, sets, backend), TIMEOUT)
+        out = tmp / f"{name}-np{np}-{rep}".replace(" ", "_").replace("'", "")
+        run(hvtrain_argv(np, config, out, sets, backend), TIMEOUT, bench_env(**env) if env else None)
         r = hvtrain_result(out)
         return {"rate": steady(r["epoch_rates"]), **r}
 

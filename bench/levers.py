@@ -48,7 +48,11 @@ LEVERS = {
     "no response cache": (("horovod.cache_capacity=0",), "full negotiation every cycle"),
     "fusion 1 MiB": (("horovod.fusion_threshold_mb=1",), "several allreduces a step"),
     "2 threads per rank": (("train.threads=2",), "4 busy threads on 2 cores"),
+    "Horovod thread affinity": ((), "HOROVOD_THREAD_AFFINITY=0,1: Horovod pins each rank's background thread "
+                                    "to its own core; compute threads unbound (hvtrain then binds nothing)"),
 }
+# levers given by the environment rather than the config
+LEVER_ENV = {"Horovod thread affinity": {"HOROVOD_THREAD_AFFINITY": "0,1"}}
 QUICK_LEVERS = ("defaults", "before (unbound, spinning, 5 ms)")
 MAX_REPEATS = 2
 
@@ -73,7 +77,8 @@ def run(quick: bool) -> dict:
     one_rank = [f"data.samples={steps * BATCH}", f"train.epochs={epochs}", "train.threads=1"]
     chosen = QUICK_LEVERS if quick else tuple(LEVERS)
     with tempfile.TemporaryDirectory(prefix="bench-levers-") as tmp:
-        sides = [hvtrain_side(name, 2, CONFIG, Path(tmp), [*common, *LEVERS[name][0]]) for name in chosen]
+        sides = [hvtrain_side(name, 2, CONFIG, Path(tmp), [*common, *LEVERS[name][0]], env=LEVER_ENV.get(name))
+                 for name in chosen]
         if not quick:
             sides.append(gloo_side(Path(tmp), common))
         sides.append(ceiling_side(CONFIG, Path(tmp), one_rank))
