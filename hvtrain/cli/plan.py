@@ -53,8 +53,11 @@ def plan(config: str, np: int, overrides: tuple[str, ...], gbit: float | None, s
     from hvtrain.session import prepare
 
     if gbit is None:
+        source = click.get_current_context().get_parameter_source
         given = [name for name, value in [("--step-ms", step_ms), ("--local-gbit", local_gbit), ("--json", as_json)]
                  if value]
+        given += [name for name, key in [("--latency-us", "latency_us"), ("--ranks-per-host", "ranks_per_host")]
+                  if source(key) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise click.UsageError(f"{', '.join(given)}: only with --network GBIT")
         from hvtrain.placement.plan import describe, make_plan

@@ -44,7 +44,7 @@ def test_autotune_writes_its_log_and_a_later_run_uses_the_best_values(tmp_path):
     # leaves an exported knob out of its search: the log held 1 ms and 64 MiB in every sample.
     assert not {"HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD"} & set(
         json.loads((first / "manifest.json").read_text())["horovod_env"])
-    samples = [dict(zip(log.read_text().splitlines()[0].split(","), line.split(",")))
+    samples = [dict(zip(log.read_text().splitlines()[0].split(","), line.split(","), strict=True))
                for line in log.read_text().splitlines()[1:] if line.strip()]
     assert len({row["cycle_time_ms"] for row in samples}) > 1, log.read_text()  # searched, not fixed
     assert len({row["tensor_fusion_threshold"] for row in samples}) > 1, log.read_text()

@@ -247,6 +247,9 @@ def test_plan_network_table():
     (["-np", "2", "--network", "nan", "--step-ms", "1"], "expected a finite number > 0, got 'nan'"),
     (["-np", "2", "--network", "10", "--step-ms", "inf"], "expected a finite number > 0, got 'inf'"),
     (["-np", "2", "--step-ms", "1"], "--step-ms: only with --network GBIT"),
+    # were silently ignored without --network (their defaults hid that they were given)
+    (["-np", "2", "--latency-us", "50", "--ranks-per-host", "4"], "--latency-us, --ranks-per-host: only with --network"),
+    (["-np", "2", "--ranks-per-host", "1"], "--ranks-per-host: only with --network GBIT"),
 ])
 def test_plan_network_bad_input_is_a_clean_error(args, message):
     r = CliRunner().invoke(cli, ["plan", str(MLP), *args])
