@@ -118,10 +118,13 @@ def run(quick: bool) -> dict:
             "horovodrun), as a user writing it gets.",
             "Repetitions: np=2 as the section says, np=1 at most 2.",
             "Layout: hvtrain's torch backend keeps activations channels-last (its neutral layout) and hands convs "
-            "tensors in torch's channels_last memory format; the peers' CNN runs in channels_last too "
-            "(bench/peers/torch_models.py). With PyTorch's NCHW default the peers were slower for the layout alone "
-            "(measured 2026-12-01, 1 thread, batch 128, this CNN: channels_last 1.34x NCHW's samples/s), which had "
-            "made hvtrain look 1.4-1.6x the hand-written loop at np=1.",
+            "NHWC-ordered tensors in torch's channels_last memory format; the peers use PyTorch's default NCHW "
+            "(bench/peers/torch_models.py), as a user writing them would. The math is the same; the CNN's time per "
+            "step differs already at np=1, where nothing is communicated (the 'cnn np=1' row), so part of every CNN "
+            "ratio is that layout, not hvtrain's loop: measured 2026-12-01 (this CNN, 1 thread, batch 128, the "
+            "peers' own loop), converting the peer's model and images to channels_last gives 1.34x NCHW's "
+            "samples/s. The peers stay NCHW: Horovod's broadcast_parameters refuses channels_last weights "
+            "(non-contiguous), and NCHW is what a user writing them gets. The MLP rows have no layout.",
             "ceiling: two one-rank `hvtrain train` runs of the per-rank workload started together, samples/s "
             "summed; '÷ ceiling' is each np=2 side's share of it.",
             f"'{KNOBBED}' (MLP np=2, no goal): the same hand-written loop with the environment hvtrain sets from its "

@@ -1,5 +1,4 @@
-"""The benchmark models written directly in PyTorch, as a user would (images in torch's
-channels_last memory format, as hvtrain's backend runs convs), and the
+"""The benchmark models written directly in PyTorch, as a user would (NCHW images), and the
 synthetic data every torch peer trains on: the same shapes as bench/configs/{mlp,cnn}.yaml."""
 
 from __future__ import annotations
@@ -14,19 +13,16 @@ def build(name: str) -> nn.Module:
     if name == "mlp":  # 64-1024-1024-10
         return nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
     if name == "cnn":  # conv 3x3 32 - relu - maxpool - conv 3x3 64 - relu - maxpool - dense 10
-        # channels_last, as hvtrain's torch backend runs its convs: measured here (1 thread, batch 128)
-        # 1.34x the NCHW default's samples/s; the peers use it so the comparison is of loops, not layouts
         return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Flatten(), nn.Linear(64 * 7 * 7, 10)).to(memory_format=torch.channels_last)
+                             nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
     raise ValueError(f"unknown model {name!r}; expected mlp or cnn")
 
 
 def data(name: str, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's share: `samples` float32 inputs and int64 labels of 10 classes."""
     g = torch.Generator().manual_seed(seed)
-    x, y = torch.randn((samples, *SHAPES[name]), generator=g), torch.randint(0, 10, (samples,), generator=g)
-    return (x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x), y
+    return torch.randn((samples, *SHAPES[name]), generator=g), torch.randint(0, 10, (samples,), generator=g)
 
 
 def epochs(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, epochs: int,
