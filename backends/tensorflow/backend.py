@@ -154,7 +154,10 @@ class TensorFlowBackend(Backend):
             if self.l2:  # L2 on the gradient; loss-scaled gradients get the term scaled alike
                 factor = self.l2 * (self.optimizer.dynamic_scale if scaled else 1.0)
                 grads = [g + factor * v.value for g, v in zip(grads, self.train_vars, strict=True)]
-            if self.skip_nan:  # decided on averaged gradients: the same on every rank
+            if scaled:  # the LossScaleOptimizer skips a non-finite update itself and halves its scale:
+                # it must see every step, or an overflow at the initial scale is skipped for good
+                self.optimizer.apply(grads, self.train_vars)
+            elif self.skip_nan:  # decided on averaged gradients: the same on every rank
                 finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
 
                 def update():
