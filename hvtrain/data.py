@@ -32,7 +32,12 @@ STATS_CHUNK_VALUES = 1 << 22  # feature values per chunk of the statistics pass 
 
 @dataclass(frozen=True)
 class Transform:
-    """Raw feature rows -> model input: dtype, normalisation (training statistics), shape."""
+    """Raw feature rows -> model input: dtype, normalisation (training statistics), shape.
+
+    The normalisation runs in float64 on the raw values and only its result is cast to `dtype`:
+    casting first rounds features far from zero away (1e8 + N(0, 1) in float32 is a multiple of 8,
+    so the standardised feature was noise). `shift` and `scale` are float64 (float32 in weights
+    files written before the statistics travelled in float64)."""
 
     dtype: type
     shift: np.ndarray | None = None
@@ -40,10 +45,11 @@ class Transform:
     shape: tuple[int, ...] | None = None
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
-        x = raw.astype(self.dtype)
-        if self.shift is not None:
-            flat = x.reshape(len(x), -1)
-            x = ((flat - self.shift) / self.scale).astype(np.float32).reshape(x.shape)
+        if self.shift is None:
+            x = raw.astype(self.dtype)
+        else:
+            flat = raw.reshape(len(raw), -1).astype(np.float64)
+            x = ((flat - self.shift) / self.scale).astype(self.dtype).reshape(raw.shape)
         if self.shape is not None:
             x = x.reshape((len(x),) + self.shape)
         return np.ascontiguousarray(x)
@@ -124,6 +130,9 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     if cfg.data.window is not None:
         return _load_windows(cfg, input_shape)
     source, val_source, name, text = _open(cfg)
+    for s in (source, val_source):  # in memory: checked whole now (file rows: in the statistics pass)
+        if isinstance(s, ArraySource):
+            check_finite(s.x, s.name, "features")
     labels = source.labels()
     val_labels = val_source.labels() if val_source is not None else labels[:0]
     y_all, num_outputs, classes = _encode_labels(cfg, np.concatenate([labels, val_labels]), name)
@@ -166,14 +175,15 @@ def _load_windows(cfg: Config, input_shape: tuple[int, ...] | None) -> Dataset:
 
     d, name = cfg.data, cfg.data.dataset
     series = timeseries.load_series(cfg)
+    check_finite(series.reshape(-1, 1), f"{cfg.where('data.dataset')}: data.dataset {name}", "values")
     try:
         w = timeseries.make_windows(series, d.window, d.horizon, d.validation_split)
     except ValueError as exc:
         raise cfg.fail("data.window", f"{name}: {exc}") from None
     shift, scale = timeseries.series_statistics(d.normalize, series[: w.boundary])
-    source = ArraySource(w.x.astype(np.float32), ((w.y - shift) / scale).astype(np.float32), name)
-    stats = (np.full(d.window, shift, np.float32), np.full(d.window, scale, np.float32)) if d.normalize != "none" \
-        else (None, None)
+    # inputs in the series' float64: the Transform normalises them before the float32 cast
+    source = ArraySource(w.x, ((w.y - shift) / scale).astype(np.float32), name)
+    stats = (np.full(d.window, shift), np.full(d.window, scale)) if d.normalize != "none" else (None, None)
     shape = tuple(input_shape) if input_shape is not None and math.prod(input_shape) == d.window else None
     transform = Transform(np.float32, *stats, shape)
     facts = {"points": len(series), "boundary": w.boundary, "window": d.window, "horizon": d.horizon,
@@ -205,6 +215,8 @@ def _encode_labels(cfg: Config, y: np.ndarray, name: str) -> tuple[np.ndarray, i
                 raise DataError(f"{name}: a classification loss needs one label per sample, got labels of shape "
                                 f"{list(y.shape[1:])}")
             y = y.reshape(len(y))
+        if y.dtype.kind in "fc":  # np.unique would make NaN a class of its own
+            check_finite(y, name, "labels")
         classes, inverse = np.unique(y, return_inverse=True)
         y = inverse.reshape(len(y)).astype(np.int64)
         if cfg.loss == "binary_cross_entropy":
@@ -213,10 +225,11 @@ def _encode_labels(cfg: Config, y: np.ndarray, name: str) -> tuple[np.ndarray, i
             return y, 1, classes
         return y, len(classes), classes
     try:
-        y = y.astype(np.float32).reshape(len(y), -1)
+        y = y.astype(np.float64).reshape(len(y), -1)
     except ValueError as exc:
         raise DataError(f"{name}: regression targets must be numbers ({exc})") from None
-    return y, y.shape[1], None
+    check_finite(y, name, "targets")
+    return y.astype(np.float32), y.shape[1], None
 
 
 def _open(cfg: Config) -> tuple[Source, Source | None, str, dict[str, Any] | None]:
@@ -260,15 +273,20 @@ def _from_user(obj: Any, name: str, cfg: Config, key: str) -> Source:
 
 def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any] | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Normalisation statistics of the training rows: one pass in source order, chunked (float64
-    accumulation, Chan et al.'s merge), cached beside file data keyed by the files and by what
-    chose the rows (`split_key`: seed and validation_split; None: not cached). Every rank of a
-    first run computes them itself (they agree bit for bit); later runs read the cache."""
+    """Normalisation statistics of the training rows, in float64: one pass in source order, chunked
+    (float64 from the raw values, Chan et al.'s merge), cached beside file data keyed by the files
+    and by what chose the rows (`split_key`: seed and validation_split; None: not cached). Every
+    rank of a first run computes them itself (they agree bit for bit); later runs read the cache.
+    The pass reads every training row, so a non-finite feature is named here, before training.
+
+    Raises:
+        DataError: a NaN or infinite feature (naming the source, sample and feature).
+    """
     cache = _stats_cache(how, source, split_key)
     if cache is not None and cache.is_file():
         try:
             saved = np.load(cache, allow_pickle=False)
-            if saved.shape == (2, math.prod(source.feature_shape)) and saved.dtype == np.float32:
+            if saved.shape == (2, math.prod(source.feature_shape)) and saved.dtype == np.float64:
                 return saved[0], saved[1]
         except (OSError, ValueError):
             pass  # unreadable: recompute (and rewrite)
@@ -282,7 +300,8 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
         idx = start + np.flatnonzero(member[start: start + chunk])
         if len(idx) == 0:
             continue
-        x = source.features(idx).astype(np.float32).reshape(len(idx), width).astype(np.float64)
+        x = source.features(idx).reshape(len(idx), width).astype(np.float64)  # float64 from the raw values
+        check_finite(x, source.name, "features", idx)
         if how == "standard":
             k, m = len(x), x.mean(axis=0)
             delta, total = m - mean, count + len(x)
@@ -296,10 +315,34 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
     else:
         shift, scale = lo, hi - lo
     scale = np.where(scale > 0, scale, 1.0)
-    shift, scale = shift.astype(np.float32), scale.astype(np.float32)
     if cache is not None:
         _write_quietly(cache, np.stack([shift, scale]))
     return shift, scale
+
+
+def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray | None = None) -> None:
+    """Refuse NaN and infinite values (a NaN feature or target trains to a NaN loss with no file
+    named, or skips every update under train.on_nan: skip). hvtrain does not impute: the user
+    drops or fills them.
+
+    Args:
+        values: one row per sample (any trailing shape; integers pass unchecked).
+        what: "features" or "targets", for the message.
+        samples: the sample index of each row (default: the row's position).
+
+    Raises:
+        DataError: naming `name`, the first bad sample and value, and how many there are.
+    """
+    if values.dtype.kind not in "fc" or len(values) == 0:
+        return
+    flat = values.reshape(len(values), -1)
+    bad = ~np.isfinite(flat)
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        sample = int(samples[i]) if samples is not None else i
+        raise DataError(f"{name}: sample {sample}, {what[:-1]} {j}: {flat[i, j]} is not a finite number "
+                        f"({int(bad.sum())} non-finite {what} in {len(values)} samples read); hvtrain does not "
+                        "impute missing values: drop or fill them in the data")
 
 
 def _stats_cache(how: str, source: Source, split_key: list[Any] | None) -> Path | None:
@@ -382,7 +425,7 @@ def _read_csv(cfg: Config, path: Path) -> tuple[np.ndarray, np.ndarray]:
     if target not in header:
         raise cfg.fail("data.target", f"column {target!r} not in {path} header {header}")
     t = header.index(target)
-    xs, ys = [], []
+    xs, ys, lines = [], [], []
     for lineno, row in enumerate(rows[1:], start=2):
         if not row:
             continue
@@ -393,12 +436,21 @@ def _read_csv(cfg: Config, path: Path) -> tuple[np.ndarray, np.ndarray]:
         except ValueError as exc:
             raise DataError(f"{path}:{lineno}: expected numbers ({exc})") from None
         ys.append(row[t])
-    y = np.asarray(ys)
+        lines.append(lineno)
+    x, y = np.asarray(xs, np.float64), np.asarray(ys)  # float64: the text's precision, normalised before any cast
     try:
         y = y.astype(np.float64)
     except ValueError:
         pass  # string labels: mapped to class ids by np.unique in load_dataset
-    return np.asarray(xs, np.float32), y
+    names = [h for j, h in enumerate(header) if j != t]
+    for values, columns in ((x, names), (y.reshape(len(y), 1), [target])):
+        bad = ~np.isfinite(values) if values.dtype.kind == "f" else np.zeros(values.shape, bool)
+        if bad.any():  # Python's float() reads nan, inf and infinity: a NaN loss later, no file named
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            raise DataError(f"{path}:{lines[i]}: column {columns[j]!r}: {values[i, j]} is not a finite number "
+                            f"({int(bad.sum())} such values in the file); hvtrain does not impute missing values: "
+                            "drop or fill them")
+    return x, y
 
 
 def _read_npz(cfg: Config, path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,8 @@ Both kinds of file hvtrain writes can be read as weights:
     same weights, and its verified `meta` holds the same `inputs`.
 `inputs` is what predicting needs without the training data: the shape of one raw row as the
 dataset stores it, the input dtype, the normalisation fitted on the training split (shift and
-scale, float32, base64 of the little-endian bytes: exact), the reshape to the model's input
+scale, base64 of the little-endian bytes: exact; float64, `stats_dtype`, as training computes and
+applies them; float32 in files written before that key), the reshape to the model's input
 shape, the loss, the number of outputs, the class labels (classification) and, for a text corpus,
 its vocabulary (`text`: word -> id, PAD 0, OOV 1, max_len, the tokenizer) and, for a forecaster
 trained on normalised targets (data.window), the targets' shift and scale (`target`: predictions
@@ -39,6 +40,7 @@ INPUTS_KEY = "inputs"  # the metadata key (final.safetensors) / meta key (checkp
 INPUTS_VERSION = 1
 WEIGHTS_PREFIX = "weights."  # a checkpoint's copy of the whole model's weights
 _DTYPES = {"float32": np.float32, "int64": np.int64}
+_STATS_DTYPES = {"float32": "<f4", "float64": "<f8"}  # the normalisation statistics' encoding
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def describe_inputs(cfg: Config, data: Dataset) -> dict[str, Any]:
         classes = listed if all(isinstance(c, (int, float, str)) for c in listed) else None
     return {"version": INPUTS_VERSION, "features": list(data.train.source.feature_shape),
             "dtype": np.dtype(t.dtype).name, "normalize": cfg.data.normalize if t.shift is not None else "none",
-            "shift": _encode(t.shift), "scale": _encode(t.scale),
+            "shift": _encode(t.shift), "scale": _encode(t.scale), "stats_dtype": "float64",
             "input_shape": list(t.shape) if t.shape is not None else None,
             "loss": cfg.loss, "outputs": int(data.num_outputs), "classes": classes,
             **({"text": data.text} if data.text is not None else {}),
@@ -100,7 +102,10 @@ def inputs_from(record: Any, where: str) -> Inputs:
             raise ValueError(f"expected version {INPUTS_VERSION}, got {record.get('version')!r}")
         features = tuple(int(v) for v in record["features"])
         shape = tuple(int(v) for v in record["input_shape"]) if record["input_shape"] is not None else None
-        shift, scale = _decode(record["shift"]), _decode(record["scale"])
+        stats = record.get("stats_dtype", "float32")  # absent: written when the statistics were float32
+        if stats not in _STATS_DTYPES:
+            raise ValueError(f"stats_dtype: expected one of {sorted(_STATS_DTYPES)}, got {stats!r}")
+        shift, scale = _decode(record["shift"], stats), _decode(record["scale"], stats)
         if (shift is None) != (scale is None) or shift is not None and (
                 len(shift) != math.prod(features) or len(scale) != len(shift)):
             raise ValueError(f"normalisation statistics of {None if shift is None else len(shift)} values for "
@@ -290,13 +295,14 @@ def initial_weights(cfg: Config, spec: ModelSpec) -> tuple[dict[str, np.ndarray]
 
 
 def _encode(a: np.ndarray | None) -> str | None:
-    return None if a is None else base64.b64encode(np.ascontiguousarray(a, "<f4").tobytes()).decode("ascii")
+    return None if a is None else base64.b64encode(np.ascontiguousarray(a, "<f8").tobytes()).decode("ascii")
 
 
-def _decode(text: str | None) -> np.ndarray | None:
+def _decode(text: str | None, dtype: str = "float64") -> np.ndarray | None:
     if text is None:
         return None
     raw = base64.b64decode(text.encode("ascii"), validate=True)
-    if len(raw) % 4:
-        raise ValueError(f"{len(raw)} bytes is not a whole number of float32 values")
-    return np.frombuffer(raw, "<f4").astype(np.float32)
+    code = _STATS_DTYPES[dtype]
+    if len(raw) % np.dtype(code).itemsize:
+        raise ValueError(f"{len(raw)} bytes is not a whole number of {dtype} values")
+    return np.frombuffer(raw, code).astype(dtype)

@@ -18,14 +18,15 @@ OPSET = 18  # as the torch backend's exporter
 
 
 def _served(model: keras.Model, inputs: Inputs) -> tuple[tf.types.experimental.GenericFunction, str, list]:
-    """Raw rows -> (x - shift) / scale (training statistics, float32) -> model input shape ->
+    """Raw rows -> (x - shift) / scale (training statistics, in float64 as training applies them,
+    then float32) -> model input shape ->
     model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression; in the
     targets' units: * scale + shift when they were normalised)."""
     t = inputs.transform
     width = math.prod(inputs.features)
     shape = tuple(t.shape) if t.shape is not None else tuple(inputs.features)
-    shift = None if t.shift is None else np.asarray(t.shift, np.float32)
-    scale = None if t.scale is None else np.asarray(t.scale, np.float32)
+    shift = None if t.shift is None else np.asarray(t.shift, np.float64)
+    scale = None if t.scale is None else np.asarray(t.scale, np.float64)
     name = "outputs" if inputs.loss not in ("cross_entropy", "binary_cross_entropy") else "probabilities"
     target = inputs.target
     signature = [tf.TensorSpec((None,) + tuple(inputs.features), tf.as_dtype(t.dtype), name="x")]
@@ -33,7 +34,8 @@ def _served(model: keras.Model, inputs: Inputs) -> tuple[tf.types.experimental.G
     @tf.function(input_signature=signature)
     def serve(x):
         if shift is not None:  # constants built inside the function: embedded in the graph, not captured inputs
-            x = (tf.reshape(x, (-1, width)) - tf.constant(shift)) / tf.constant(scale)
+            x = tf.cast((tf.cast(tf.reshape(x, (-1, width)), tf.float64) - tf.constant(shift)) / tf.constant(scale),
+                        tf.float32)
         out = tf.cast(model(tf.reshape(x, (-1,) + shape), training=False), tf.float32)
         if inputs.loss == "cross_entropy":
             out = tf.nn.softmax(out, axis=1)

@@ -22,7 +22,8 @@ OPSET = 18  # torch.onnx's dynamo exporter's default
 
 
 class _Served(torch.nn.Module):
-    """Raw rows -> (x - shift) / scale (training statistics, float32) -> model input shape ->
+    """Raw rows -> (x - shift) / scale (training statistics, in float64 as training applies them,
+    then float32) -> model input shape ->
     model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression; in the
     targets' units: * scale + shift when they were normalised)."""
 
@@ -32,8 +33,8 @@ class _Served(torch.nn.Module):
         self.model = model
         self.normalise = t.shift is not None
         if self.normalise:
-            self.register_buffer("shift", torch.from_numpy(np.asarray(t.shift, np.float32).copy()))
-            self.register_buffer("scale", torch.from_numpy(np.asarray(t.scale, np.float32).copy()))
+            self.register_buffer("shift", torch.from_numpy(np.asarray(t.shift, np.float64).copy()))
+            self.register_buffer("scale", torch.from_numpy(np.asarray(t.scale, np.float64).copy()))
         self.width = math.prod(inputs.features)
         self.shape = tuple(t.shape) if t.shape is not None else tuple(inputs.features)
         self.activation = {"cross_entropy": "softmax", "binary_cross_entropy": "sigmoid"}.get(inputs.loss, "none")
@@ -43,7 +44,7 @@ class _Served(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.normalise:
-            x = (x.reshape(-1, self.width) - self.shift) / self.scale
+            x = ((x.reshape(-1, self.width).double() - self.shift) / self.scale).float()
         out = self.model(x.reshape((-1,) + self.shape)).float()
         if self.activation == "softmax":
             return torch.softmax(out, dim=1)

@@ -63,3 +63,24 @@ def test_pipeline_fp16_skip_backs_off_the_loss_scale_and_learns(backend_name):
     assert scales[0] == 2.0 ** 14 and min(scales) <= 2.0 ** 10, scales
     after = steps.weights()["layers.0.kernel"]
     assert np.all(np.isfinite(after)) and not np.array_equal(after, before)
+
+
+def test_defect_04_a_model_trains_on_float64_features_far_from_zero_and_predicts_alike(tmp_path):
+    """The real run behind the unit tests: x = 1e8 + N(0, 1) (float64, the Python API's arrays),
+    label x0 + x1 > 0. Cast to float32 before standardising, it trained to 0.445; predict on the
+    raw rows (the inputs record's float64 statistics) gives the run's own accuracy."""
+    import hvtrain
+
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((600, 2))
+    x, y = 1e8 + noise, (noise[:, 0] + noise[:, 1] > 0).astype(np.int64)
+    cfg = {"name": "offset", "backend": "torch", "seed": 1, "data": {"batch_size": 32},
+           "model": {"input_shape": [2], "layers": [{"type": "dense", "units": 2}]},
+           "optimizer": {"name": "adam", "lr": 0.05}, "metrics": ["accuracy"], "train": {"epochs": 4, "threads": 1}}
+    summary = hvtrain.train(cfg, data=(x, y), output_dir=str(tmp_path), quiet=True)
+    assert summary["val_accuracy"] > 0.95, summary["val_accuracy"]
+    labels = hvtrain.predict(cfg, str(tmp_path / "final.safetensors"), x, data=(x, y), kind="labels")
+    from hvtrain.session import prepare
+
+    val = prepare(cfg, data=(x, y)).data.val
+    assert float(np.mean(labels[val.rows] == y[val.rows])) == summary["val_accuracy"]

@@ -254,5 +254,5 @@ def test_a_forecaster_predicts_and_exports_in_the_series_units(tmp_path, trained
     path = tmp_path / f"model.{fmt}"
     result = export_model(cfg, weights, fmt, str(path), backend=exporter)
     assert result["rows"] == 46 and result["output"] == "outputs"
-    got = onnx_runner(str(path))(np.ascontiguousarray(x))
+    got = onnx_runner(str(path))(np.ascontiguousarray(x, result["input"]["dtype"]))  # the series is float64
     np.testing.assert_allclose(got, forecast, rtol=TOL, atol=TOL)
