@@ -61,7 +61,7 @@ class Position:
 class LRSchedule:
     """Base lr, times the data-parallel width if `scale_lr`, reached by linear warmup over
     `warmup_epochs`. With scale_lr the warmup starts at the single-rank lr (Goyal et al., 2017);
-    without it, at zero."""
+    without it, at zero. Called with the step in this world's units (`schedule_step`)."""
 
     def __init__(self, cfg: Config, replicas: int, steps_per_epoch: int):
         o = cfg.optimizer
@@ -73,6 +73,15 @@ class LRSchedule:
         if step >= self.warmup_steps:
             return self.target
         return self.start + (self.target - self.start) * (step + 1) / self.warmup_steps
+
+
+def schedule_step(epoch: int, offset: int, steps_per_epoch: int, step_samples: int) -> int:
+    """The LR schedule's step at a position (`offset` samples into `epoch`) in this world's units:
+    the epochs done times this world's steps per epoch, plus the steps `offset` takes at
+    `step_samples` a step. Not the run's step counter: a checkpoint (or elastic reset) of
+    another world size counted its steps in that world's, so 4 ranks -> 1 rank past the warmup
+    re-entered it (warmup_steps is 4x larger at 1 rank). On one world size the two agree."""
+    return epoch * steps_per_epoch + -(-offset // step_samples)
 
 
 @dataclass
@@ -154,6 +163,7 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
         offset = pos.offset if epoch == pos.epoch else 0
         carried = pos.loss_sum if epoch == pos.epoch and info.is_main else 0.0
         first_steps = epoch_steps = pos.epoch_steps if epoch == pos.epoch else 0  # steps done in this epoch
+        at = schedule_step(epoch, offset, n_steps, global_batch * acc) - first_steps  # + epoch_steps: the LR's step
         order = epoch_permutation(n_train, cfg.seed, epoch, cfg.data.shuffle)[offset:]
         steps.loss_sum(reset=True)
         bar = reporter.progress(n_steps, f"epoch {epoch + 1}/{cfg.train.epochs}")
@@ -161,7 +171,7 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
         batches = shard_batches(order, b, steps.replica, steps.replicas, acc)
         with Prefetcher(data.train, batches, cfg.data.prefetch, steps.needs_x, steps.needs_y) as loader:
             for batch, x, y in loader:
-                lr = schedule(step)
+                lr = schedule(at + epoch_steps)
                 if lr != current_lr:
                     steps.set_lr(lr)
                     current_lr = lr
@@ -212,7 +222,7 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
             record_epoch(run, result, current_lr, partial=True)
             reporter.print(f"stopped at train.max_steps={limit} (epoch {epoch + 1}, {consumed} of {n_train} samples)")
             break
-        record_epoch(run, result, current_lr if current_lr is not None else schedule(max(step - 1, 0)))
+        record_epoch(run, result, current_lr if current_lr is not None else schedule(max(at + epoch_steps - 1, 0)))
         stop = limit is not None and step >= limit
         if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0 or stop):
             _checkpoint(run, Position(epoch + 1, step))

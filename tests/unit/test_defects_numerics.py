@@ -155,3 +155,129 @@ def test_non_finite_values_in_every_other_source_kind_are_named(tmp_path):
         load_dataset(load_config({"name": "s", "loss": "mse", "data": {"dataset": f"npz:{tmp_path}/s.npz",
                                                                        "window": 8},
                                   "model": {"input_shape": [8], "layers": [{"type": "dense", "units": 1}]}}))
+
+
+# ----------------------------------------------------------------------------- the real loop, faked collaborators
+
+
+class FakeRuntime:
+    """Rank 0's view of a world of `size` ranks whose other ranks agree with it: the collectives
+    hvtrain.runtime.Runtime has, without Horovod (the loop and the checkpoint manager are real)."""
+
+    def __init__(self, size: int = 1) -> None:
+        from hvtrain.dist import ProcessInfo
+
+        self.info, self.elastic = ProcessInfo(0, size), False
+
+    def allreduce_sum(self, values, name: str = "") -> np.ndarray:
+        return np.ascontiguousarray(values, np.float64)
+
+    def broadcast_object(self, obj, root: int = 0):
+        return obj
+
+    def allgather_object(self, obj) -> list:
+        return [obj] * self.info.size
+
+    def gather_bytes(self, blob: bytes, root: int = 0) -> list[bytes]:
+        return [blob] + [b""] * (self.info.size - 1)
+
+    def scatter_bytes(self, blobs: list[bytes], root: int = 0) -> bytes:
+        return blobs[0]
+
+
+class FakeSteps:
+    """A StepRunner whose model is its update count: it records the lr of every micro-batch, and
+    its validation loss is the number of updates taken (so results say which weights made them)."""
+
+    def __init__(self, metrics, replicas: int = 1) -> None:
+        self.metrics, self.replica, self.replicas = metrics, 0, replicas
+        self.shard, self.owns_shard, self.needs_x, self.needs_y = "model", True, True, True
+        self.updates, self.lr, self.lrs, self.loss = 0.0, None, [], 0.0
+
+    def describe(self) -> str:
+        return f"fake x {self.replicas}"
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+
+    def train_batch(self, batch, x, y) -> bool:
+        self.lrs.append(self.lr)
+        self.loss += float(batch.weights.sum())
+        self.updates += batch.apply
+        return True
+
+    def loss_sum(self, reset: bool = False) -> float:
+        value = self.loss
+        if reset:
+            self.loss = 0.0
+        return value
+
+    def eval_sums(self, split) -> np.ndarray:
+        self.metrics.begin()
+        n = len(split)
+        sums = np.zeros(self.metrics.size, np.float64)
+        sums[0], sums[1], sums[-1] = self.updates * n, n / 2, n  # loss sum, correct, count
+        return sums
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return {"updates": np.array([self.updates])}
+
+    def set_state(self, state, rng: bool) -> None:
+        self.updates = float(state["updates"][0])
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {"layers.0.kernel": np.array([self.updates], np.float32)}
+
+    def trainable_names(self) -> set[str]:
+        return {"layers.0.kernel"}
+
+    def summary(self) -> dict:
+        return {}
+
+
+LOOP = {"name": "loop", "seed": 3, "data": {"dataset": "synthetic:classification", "samples": 500, "features": 4,
+                                            "batch_size": 10},
+        "model": {"input_shape": [4], "layers": [{"type": "dense", "units": 2}]},
+        "optimizer": {"name": "sgd", "lr": 0.1, "warmup_epochs": 1.0}, "metrics": ["accuracy"],
+        "train": {"epochs": 2, "checkpoint_every": 1}}
+
+
+def fit_loop(out: Path, *overrides: str, size: int = 1, resume: str | None = None) -> tuple[dict, FakeSteps]:
+    """hvtrain.trainer.fit on LOOP (or its overrides) with the fakes above, writing into `out`."""
+    from hvtrain.checkpoint import CheckpointManager
+    from hvtrain.metrics import MetricSet
+    from hvtrain.output import Reporter
+    from hvtrain.trainer import Run, fit
+
+    cfg = load_config({**LOOP, "output_dir": str(out)}, list(overrides))
+    data = load_dataset(cfg)
+    rt, metrics = FakeRuntime(size), MetricSet.of(cfg, data)
+    reporter = Reporter(rt.info, out, quiet=True, keep_metrics=resume is not None)
+    steps = FakeSteps(metrics, replicas=size)
+    run = Run(cfg, None, data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, None, None), metrics)
+    return fit(run, resume), steps
+
+
+def test_defect_20_warmup_is_not_re_entered_after_resuming_on_fewer_ranks(tmp_path):
+    """Confirmed: the LR schedule was indexed by the run's step counter, counted in the old world's
+    steps, while warmup_steps came from the new world's steps per epoch. 4 ranks trained 2 epochs
+    (warmup_epochs 1: 10 steps of 40 samples, then lr 0.1); resumed on 1 rank (40 steps an epoch)
+    at step 20, the schedule saw step 20 of a 40-step warmup and lowered the lr to 0.0525. Now it
+    follows the epoch position in this world's steps: the resumed epoch trains at the full lr, and
+    a run that never changed world size sees exactly the lrs it did."""
+    _, four = fit_loop(tmp_path, size=4)
+    assert four.lrs[:10] == pytest.approx([0.01 * (k + 1) for k in range(10)]) and set(four.lrs[10:]) == {0.1}
+    _, one = fit_loop(tmp_path, "train.epochs=3", resume="auto")
+    assert len(one.lrs) == 40 and set(one.lrs) == {0.1}, one.lrs[:5]
+    _, whole = fit_loop(tmp_path / "one", "train.epochs=1", "optimizer.warmup_epochs=0.5")
+    assert whole.lrs == pytest.approx([0.1 * (k + 1) / 20 for k in range(20)] + [0.1] * 20)
+
+
+def test_schedule_step_of_a_mid_epoch_position_on_another_world_size():
+    """The schedule's step of a position: an epoch's worth of steps per epoch done, plus the steps
+    the samples already consumed take in this world (a 4-rank checkpoint 120 samples into epoch 0
+    of a 1-epoch warmup is 30% through it on any world size)."""
+    from hvtrain.trainer import schedule_step
+
+    assert schedule_step(0, 120, 40, 10) == 12 and schedule_step(0, 120, 10, 40) == 3  # 12/40 = 3/10
+    assert schedule_step(2, 0, 40, 10) == 80 and schedule_step(1, 125, 40, 10) == 53  # a partial step rounds up
