@@ -44,7 +44,11 @@ _NAME = re.compile(r"^ckpt-([0-9a-f]{8})-s(\d{8})\.safetensors$")
 _TEMP = re.compile(r"^\.ckpt-[0-9a-f]{8}-s\d{8}\.safetensors\..*\.tmp$")
 FORMAT = "hvtrain-checkpoint-v2"
 # Config keys whose change changes the math: a checkpoint resumes only a run that agrees on them.
-MATH_KEYS = ("model", "optimizer", "loss", "data", "seed", "train.grad_accumulation", "train.precision")
+# train.compression rounds every gradient to fp16 before the allreduce; parallel.pipeline.micro_batches
+# splits each batch (batchnorm statistics per micro-batch). The stage placement is checked as the layout;
+# the schedule (gpipe / 1f1b) computes the same update.
+MATH_KEYS = ("model", "optimizer", "loss", "data", "seed", "train.grad_accumulation", "train.precision",
+             "train.compression", "parallel.pipeline.micro_batches")
 NOT_MATH = ("data.prefetch",)  # under MATH_KEYS, but no effect on the numbers
 
 

@@ -281,3 +281,20 @@ def test_schedule_step_of_a_mid_epoch_position_on_another_world_size():
 
     assert schedule_step(0, 120, 40, 10) == 12 and schedule_step(0, 120, 10, 40) == 3  # 12/40 = 3/10
     assert schedule_step(2, 0, 40, 10) == 80 and schedule_step(1, 125, 40, 10) == 53  # a partial step rounds up
+
+
+def test_defect_21_resume_refuses_another_gradient_compression_or_micro_batching():
+    """Confirmed for both keys: train.compression (fp16 rounds every gradient before the
+    allreduce) and parallel.pipeline.micro_batches (batchnorm's statistics are per micro-batch;
+    tests/backends shows the update changes) were missing from MATH_KEYS, so a resume under
+    another value continued silently on other math. Refuted for the schedule: gpipe and 1f1b give
+    the same update (tests/backends/test_stage.py), so it may change."""
+    from hvtrain.checkpoint import config_differences
+
+    saved = {"train": {"compression": "none"}, "parallel": {"pipeline": {"micro_batches": 4, "schedule": "gpipe"}}}
+    assert config_differences(saved, {**saved, "train": {"compression": "fp16"}}) == [
+        "train.compression: checkpoint 'none', this run 'fp16'"]
+    other = {**saved, "parallel": {"pipeline": {"micro_batches": 2, "schedule": "gpipe"}}}
+    assert config_differences(saved, other) == ["parallel.pipeline.micro_batches: checkpoint 4, this run 2"]
+    assert config_differences(saved, {**saved, "parallel": {"pipeline": {"micro_batches": 4, "schedule": "1f1b"}}}) \
+        == []
