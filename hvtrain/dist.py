@@ -42,10 +42,17 @@ def setting(cli_value: str | None, env_name: str) -> str | None:
     return cli_value if cli_value is not None else env_value
 
 
+# (rank, size) variables of each launcher, before MPI starts. srun's last: a task of `srun
+# --mpi=pmix` has PMIX_RANK but no size variable (PMIx hands the size out only once MPI asks), so
+# srun's own pair speaks for it; SLURM_STEP_NUM_TASKS, not SLURM_NTASKS, which an sbatch script's
+# plain processes (and every rank a launcher inside it starts) inherit with the job's task count.
+LAUNCH_VARS = (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+               ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE"), ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"))
+
+
 def launch_rank() -> tuple[int, int] | None:
     """(rank, size) as the launcher told this process, before Horovod starts (None: run alone)."""
-    for rank_var, size_var in (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                               ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")):
+    for rank_var, size_var in LAUNCH_VARS:
         rank, size = os.environ.get(rank_var, ""), os.environ.get(size_var, "")
         if rank.isdigit() and size.isdigit():
             return int(rank), int(size)

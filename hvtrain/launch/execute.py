@@ -53,6 +53,10 @@ def plan(np: int | None, args: Sequence[str], launcher: str, hostfile: str | Non
     else the Slurm/PBS/LSF allocation this runs in, else localhost; -np defaults to all their slots."""
     if hostfile and hosts:
         raise LaunchError("give --hostfile or -H, not both")
+    if launcher == "srun" and (hostfile or hosts):  # srun places its tasks on the allocation itself
+        given = f"--hostfile {hostfile}" if hostfile else f"-H {hosts}"
+        raise LaunchError(f"{given}: --launcher srun starts the tasks on the Slurm allocation's nodes itself and takes "
+                          "no host list; drop it (and give -np), or use --launcher mpirun/horovodrun with it")
     alloc = None if hostfile or hosts else detect()
     if alloc is not None:
         records: list[HostSlots] = alloc.hosts

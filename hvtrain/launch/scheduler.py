@@ -64,17 +64,29 @@ def require(env: Mapping[str, str] | None = None) -> Allocation:
 # ----------------------------------------------------------------------------- Slurm
 
 
+# SLURM_STEP_ID of salloc's shell under LaunchParameters=use_interactive_step (SLURM_INTERACTIVE_STEP,
+# 0xfffffffa in slurm.h): a step of one task on the first node that holds no resources of its own
+INTERACTIVE_STEP = str(0xFFFFFFFA)
+
+
 def _slurm(env: Mapping[str, str], scontrol: str | None) -> Allocation:
-    """Inside a job step (`srun --pty bash`, an interactive step) the step's node list and task
-    counts go together (srun rewrites SLURM_TASKS_PER_NODE for the step); else the job's. Slots:
-    tasks per node, else CPUs per node / SLURM_CPUS_PER_TASK, else one per node."""
+    """Inside a job step (`srun --pty bash`) the step's node list and task counts go together
+    (srun rewrites SLURM_TASKS_PER_NODE for the step); else the job's. salloc's interactive step
+    (the shell salloc starts on the first node) is the job's: it holds no resources, and its one
+    node and task are not what the job was given (srun's --preserve-env, in Slurm's default
+    InteractiveStepOptions, keeps the job's task counts). Slots: tasks per node, else CPUs per node
+    / SLURM_CPUS_PER_TASK, else one per node."""
     if env.get("SLURM_HET_SIZE"):
         raise HostfileError("SLURM_HET_SIZE is set: heterogeneous Slurm jobs are not supported; write a hostfile "
                             "(hvtrain launch --hostfile) for the components to run on")
-    step = bool(env.get("SLURM_STEP_NODELIST"))
+    interactive = env.get("SLURM_STEP_ID") == INTERACTIVE_STEP and any(env.get(v) for v in SLURM_VARS[1:])
+    step = bool(env.get("SLURM_STEP_NODELIST")) and not interactive
     var = "SLURM_STEP_NODELIST" if step else next(v for v in SLURM_VARS[1:] if env.get(v))
-    nodes, how = expand_nodelist(env[var], scontrol), ("scontrol show hostnames" if scontrol else "python-hostlist")
+    nodes = expand_nodelist(env[var], scontrol, var)
+    how = "scontrol show hostnames" if scontrol else "python-hostlist"
     read = {var: env[var]}
+    if interactive:
+        read["SLURM_STEP_ID"] = env["SLURM_STEP_ID"]
     candidates = ("SLURM_STEP_TASKS_PER_NODE",) if step else ("SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE")
     slots_var = next((v for v in candidates if env.get(v)), None)
     if slots_var is None:
@@ -92,25 +104,30 @@ def _slurm(env: Mapping[str, str], scontrol: str | None) -> Allocation:
         if env.get(extra):
             read[extra] = env[extra]
     hosts = [HostSlots(validate_host(n, var), c, None, var) for n, c in zip(nodes, counts, strict=True)]
-    return Allocation("slurm", hosts, read, (f"node list expanded by {how}",
-                                             f"slots from {slots_var or 'one per node (no task count set)'}"))
+    notes = (f"node list expanded by {how}", f"slots from {slots_var or 'one per node (no task count set)'}")
+    if interactive:
+        notes += ("salloc's interactive step: the job's allocation, not the step's one node",)
+    return Allocation("slurm", hosts, read, notes)
 
 
-def expand_nodelist(text: str, scontrol: str | None = None) -> list[str]:
-    """A Slurm node list in any compressed form -> host names, in Slurm's order."""
+def expand_nodelist(text: str, scontrol: str | None = None, var: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """A Slurm node list in any compressed form -> host names, in Slurm's order. `var` is the
+    variable it was read from, which errors name."""
     if scontrol:
         proc = subprocess.run([scontrol, "show", "hostnames", text], capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
-            raise HostfileError(f"scontrol show hostnames {text!r} failed: {proc.stderr.strip()}")
+            err = proc.stderr.strip()
+            raise HostfileError(f"{var}: scontrol show hostnames {text!r} failed (exit {proc.returncode})"
+                                + (f": {err}" if err else ""))
         return proc.stdout.split()
     import hostlist  # python-hostlist
 
     try:
         names = hostlist.expand_hostlist(text)
     except hostlist.BadHostlist as exc:
-        raise HostfileError(f"SLURM_JOB_NODELIST={text!r}: not a Slurm node list ({exc})") from None
+        raise HostfileError(f"{var}={text!r}: not a Slurm node list ({exc})") from None
     if not names:
-        raise HostfileError(f"SLURM_JOB_NODELIST={text!r}: no hosts")
+        raise HostfileError(f"{var}={text!r}: no hosts")
     return names
 
 
@@ -131,18 +148,26 @@ def expand_counts(text: str, var: str = "SLURM_TASKS_PER_NODE") -> list[int]:
 # ----------------------------------------------------------------------------- PBS / LSF
 
 
+def _merged(pairs: list[tuple[str, int]], var: str) -> list[HostSlots]:
+    """(host, slots) pairs -> one record per host, its slots summed, in the order hosts first
+    appear: a scheduler lists a host again for more of its slots (one line per slot in a node
+    file; `hA 2 hB 2 hA 2` in LSB_MCPU_HOSTS), and a launcher given a host twice (`-H hA:2,hB:2,hA:2`)
+    does not add them up."""
+    counts: dict[str, int] = {}
+    for name, n in pairs:
+        counts[name] = counts.get(name, 0) + n
+    return [HostSlots(h, n, None, var) for h, n in counts.items()]
+
+
 def _per_slot_file(path: str, var: str) -> list[HostSlots]:
     """One host name per line, one line per slot (PBS_NODEFILE, LSB_DJOB_HOSTFILE), order kept."""
     try:
         lines = Path(path).read_text().split()
     except OSError as exc:
         raise HostfileError(f"{var}={path}: cannot read ({exc.strerror})") from None
-    counts: dict[str, int] = {}
-    for name in lines:
-        counts[validate_host(name, f"{var} ({path})")] = counts.get(name, 0) + 1
-    if not counts:
+    if not lines:
         raise HostfileError(f"{var}={path}: no hosts in the file")
-    return [HostSlots(h, n, None, var) for h, n in counts.items()]
+    return _merged([(validate_host(name, f"{var} ({path})"), 1) for name in lines], var)
 
 
 def _pbs(env: Mapping[str, str]) -> Allocation:
@@ -157,13 +182,14 @@ def _lsf(env: Mapping[str, str]) -> Allocation:
     dropped. Elsewhere it is a compute host like the others. LSB_DJOB_HOSTFILE is preferred."""
     read = {k: env[k] for k in ("LSB_DJOB_HOSTFILE", "LSB_MCPU_HOSTS", "LSB_JOBID") if env.get(k)}
     if env.get("LSB_DJOB_HOSTFILE"):
-        hosts = _per_slot_file(env["LSB_DJOB_HOSTFILE"], "LSB_DJOB_HOSTFILE")
+        var = "LSB_DJOB_HOSTFILE"
+        hosts = _per_slot_file(env[var], var)
     else:
-        tokens = env["LSB_MCPU_HOSTS"].split()
+        var, tokens = "LSB_MCPU_HOSTS", env["LSB_MCPU_HOSTS"].split()
         if len(tokens) % 2 or not all(t.isdigit() and int(t) > 0 for t in tokens[1::2]):
             raise HostfileError(f"LSB_MCPU_HOSTS={env['LSB_MCPU_HOSTS']!r}: expected 'host N host N ...'")
-        hosts = [HostSlots(validate_host(h, "LSB_MCPU_HOSTS"), int(n), None, "LSB_MCPU_HOSTS")
-                 for h, n in zip(tokens[::2], tokens[1::2], strict=True)]
+        hosts = _merged([(validate_host(h, var), int(n)) for h, n in zip(tokens[::2], tokens[1::2], strict=True)],
+                        var)
     notes: tuple[str, ...] = ()
     if env.get("CSM_ALLOCATION_ID") and len(hosts) > 1:
         read["CSM_ALLOCATION_ID"] = env["CSM_ALLOCATION_ID"]
