@@ -320,11 +320,16 @@ def spec_gradients(spec: ModelSpec, bytes_per_value: int = 4, layers: Sequence[i
 
 def horovod_knobs(cfg: Config) -> tuple[float, int]:
     """The cycle time (ms) and fusion threshold (bytes) a run of `cfg` gives Horovod: the config's
-    (or its autotune_from log's best) values, unless HOROVOD_* variables set here win, as in a run."""
-    env = horovod_env(cfg.horovod)
+    (or its autotune_from log's best) values, unless HOROVOD_* variables set here win, as in a run.
+    With horovod.autotune hvtrain exports neither (Horovod searches both while training, and the
+    config must leave them at their defaults): the config's values then, the estimate's stand-in
+    for wherever the search goes (a KeyError before)."""
+    h = cfg.horovod
+    env = horovod_env(h)
     try:
-        cycle = float(os.environ.get("HOROVOD_CYCLE_TIME") or env["HOROVOD_CYCLE_TIME"])
-        fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD") or env["HOROVOD_FUSION_THRESHOLD"])
+        cycle = float(os.environ.get("HOROVOD_CYCLE_TIME") or env.get("HOROVOD_CYCLE_TIME", h.cycle_time_ms))
+        fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD")
+                     or env.get("HOROVOD_FUSION_THRESHOLD", int(h.fusion_threshold_mb * MIB)))
     except ValueError as exc:
         raise ConfigError(f"HOROVOD_CYCLE_TIME / HOROVOD_FUSION_THRESHOLD: expected numbers ({exc})") from None
     return cycle, fusion

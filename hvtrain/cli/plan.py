@@ -93,6 +93,7 @@ def plan(config: str, np: int, overrides: tuple[str, ...], gbit: float | None, s
     estimates = [estimate_for_config(p.cfg, p.spec, n, net, step_ms, gradient_sizes=sizes) for n in counts]
     if as_json:
         click.echo(json.dumps({**estimates[-1].to_dict(), "compute_source": source, "network_gbit": gbit,
+                               "autotune": p.cfg.horovod.autotune,
                                "latency_us": latency_us, "ranks_per_host": ranks_per_host, "local_gbit": local_gbit}))
     else:
         click.echo(_table(p.cfg, estimates, net, source))
@@ -120,7 +121,9 @@ def _table(cfg: Config, estimates: list[Estimate], net: Network, source: str) ->
         f"compute: {first.compute_ms:.3f} ms per step on one rank ({source})",
         f"gradients: {_bytes(first.grad_bytes)} per step{' (the largest stage)' if cfg.pipelined else ''}, "
         f"allreduced {submit}",
-        f"Horovod: cycle {cycle:g} ms, fusion threshold {_bytes(fusion)}; network {net.gbit:g} Gbit/s per host, "
+        f"Horovod: cycle {cycle:g} ms, fusion threshold {_bytes(fusion)}"
+        f"{' (autotune: searched while training, estimated at these)' if h.autotune else ''}; "
+        f"network {net.gbit:g} Gbit/s per host, "
         f"{net.latency_us:g} us per hop, {net.ranks_per_host} rank(s) per host{local}",
         "",
         "ranks    step ms    samples/s  efficiency  bytes/step/rank  allreduce ms  exposed comm ms",
