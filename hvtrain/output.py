@@ -128,6 +128,25 @@ class Reporter:
             keep = [ln for ln, record in metrics_lines(path) if record.get("epoch", epochs + 1) <= epochs]
             atomic_write(path, "".join(ln + "\n" for ln in keep).encode())
 
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        """Rank 0: a JSON object this run directory holds (None if missing or unreadable); the
+        other ranks get None (the caller broadcasts what rank 0 read)."""
+        if not self.enabled:
+            return None
+        try:
+            data = json.loads((self.out_dir / name).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def last_metrics(self) -> dict[str, Any] | None:
+        """Rank 0: metrics.jsonl's last record (None if there is none); the other ranks: None."""
+        path = self.out_dir / METRICS_FILE
+        if not self.enabled or not path.is_file():
+            return None
+        lines = metrics_lines(path)
+        return lines[-1][1] if lines else None
+
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         if self.enabled:
             atomic_write(self.out_dir / name, (json.dumps(data, indent=2) + "\n").encode())
@@ -183,7 +202,7 @@ class NpyWriter:
 
         self.path, self.expected, self.done, self.row = path, rows, 0, tuple(row)
         self.dtype = np.dtype(dtype)
-        _remove_dead_temps(path)
+        remove_dead_temps(path)
         self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         self.fh = self.tmp.open("wb")
         npformat.write_array_header_1_0(self.fh, {"descr": npformat.dtype_to_descr(self.dtype),
@@ -215,14 +234,34 @@ class NpyWriter:
             self.tmp.unlink(missing_ok=True)
 
 
-def _remove_dead_temps(path: Path) -> None:
-    """`.NAME.PID.tmp` files next to `path` whose process no longer runs on this host (a writer
-    killed before it could clean up)."""
+def file_in_the_way(directory: Path) -> str | None:
+    """What keeps `directory` from being made, checked before any work starts (mkdir fails late
+    otherwise, with a traceback): 'an existing file' (it is one) or 'a path under the file F'; None
+    when nothing does."""
+    blocked = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is None:
+        return None
+    return "an existing file" if blocked == directory else f"a path under the file {blocked}"
+
+
+def remove_dead_temps(path: Path, suffix: str = ".tmp") -> None:
+    """`.NAME.PID<suffix>` files or directories next to `path` (predict's `.tmp` files, export's
+    `.partial` artefacts, a SavedModel a directory) whose process no longer runs on this host: a
+    writer killed before it could clean up. Left behind, they stayed for good."""
+    import shutil
+
     prefix = f".{path.name}."
-    for tmp in path.parent.glob(f"{prefix}*.tmp"):
-        pid = tmp.name[len(prefix):-len(".tmp")]
+    if not path.parent.is_dir():
+        return
+    for tmp in path.parent.iterdir():  # not glob: a name may hold [ ] * ?
+        if not (tmp.name.startswith(prefix) and tmp.name.endswith(suffix)):
+            continue
+        pid = tmp.name[len(prefix):-len(suffix)]
         if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
-            tmp.unlink(missing_ok=True)
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
 
 
 def _running(pid: int) -> bool:

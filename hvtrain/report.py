@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain.errors import DataError, HvtrainError
-from hvtrain.output import METRICS_FILE, SCORES_FILE, metrics_lines
+from hvtrain.output import METRICS_FILE, SCORES_FILE, file_in_the_way, metrics_lines
 
 # Scores in [0, 1] that share one axis; any other scalar metric gets its own panel.
 UNIT_SCORES = ("accuracy", "precision", "recall", "f1")  # roc_auc (near 1) gets its own panel
@@ -133,10 +133,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
     except ImportError:
         raise HvtrainError("hvtrain report needs matplotlib: pip install 'hvtrain[report]'") from None
     out = Path(out_dir) if out_dir is not None else run.path / "report"
-    blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    blocked = file_in_the_way(out)
     if blocked is not None:
-        raise DataError(f"{out}: expected a directory for the report, got "
-                        + ("an existing file" if blocked == out else f"a path under the file {blocked}"))
+        raise DataError(f"{out}: expected a directory for the report, got {blocked}")
     try:
         return _draw(run, out)
     except OSError as exc:  # a colleague's read-only run directory, a full disk
