@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain import __version__
-from hvtrain.checkpoint import CheckpointManager, decode, encode
+from hvtrain.checkpoint import CheckpointManager, decode, encode, where
 from hvtrain.config import Config
 from hvtrain.data import Dataset, epoch_permutation, shard_batches, steps_per_epoch
 from hvtrain.errors import HvtrainError
@@ -127,13 +127,64 @@ def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, A
         run.steps.set_state(resumed.state, rng=resumed.rng)
         m = resumed.meta
         pos = Position(m["epoch"], m["step"], m["offset"], m["loss_sum"], m["epoch_steps"])
-        run.reporter.truncate_metrics(pos.epoch)
+        if finished(run.cfg, pos):
+            kept = _kept_results(run, resumed.path, m["run_id"], pos, resume)
+            if kept is not None:
+                return kept
+        else:  # (a finished run's cut epoch keeps its partial line)
+            run.reporter.truncate_metrics(pos.epoch)
     if elastic is not None:
         result = elastic.run(run, pos, _epochs)
     else:
+        _stop_before_training(run, resumed)
         result = _epochs(run, pos, None)
+    if result is None and resumed is not None:  # resumed at its end, its outputs never written
+        result = _last_epoch(run, pos)
     return finish(run, result, t0, {"resumed_from": resumed.path if resumed else None,
                                     "run_id": run.checkpoints.run_id, "elastic": elastic is not None})
+
+
+def finished(cfg: Config, pos: Position) -> bool:
+    """Whether training from `pos` has nothing left: train.epochs done or train.max_steps reached."""
+    return pos.epoch >= cfg.train.epochs or bool(cfg.train.max_steps) and pos.step >= cfg.train.max_steps
+
+
+def _kept_results(run: Run, path: str, run_id: str, pos: Position, resume: str) -> dict[str, Any] | None:
+    """A resume from a checkpoint at the run's end (every requeue script passes `--resume auto`,
+    finished or not): the run stays finished. Its summary.json, final.safetensors, metrics and
+    scores are kept as they are and the summary is returned (it used to be rewritten with no
+    train loss or val metrics, and val_scores.npz deleted). None when that run's outputs were never
+    written (killed after its last checkpoint): then the caller completes them from the checkpoint.
+
+    Raises:
+        HvtrainError: the directory's summary.json is another run's (overwriting it would lose it).
+    """
+    reporter, limit = run.reporter, run.cfg.train.max_steps
+    summary = reporter.read_json("summary.json")
+    final = reporter.enabled and (reporter.out_dir / WEIGHTS_FILE).is_file()
+    summary, final = run.runtime.broadcast_object((summary, final))
+    end = (f"epoch {pos.epoch} of train.epochs {run.cfg.train.epochs}" if pos.epoch >= run.cfg.train.epochs
+           else f"step {pos.step} of train.max_steps {limit}")
+    if summary is None or not final:
+        reporter.notice(f"resume: {path} is the end of training ({end}) but the run's outputs were not written: "
+                        "writing them from it")
+        return None
+    if summary.get("run_id") != run_id:
+        raise HvtrainError(f"--resume {resume}: {path} is the end of run {run_id} ({end}), but "
+                           f"{reporter.out_dir / 'summary.json'} is run {summary.get('run_id')}'s, which finishing "
+                           "it would overwrite; train in another output_dir, or without --resume to train anew")
+    reporter.notice(f"resume: {path} is the end of training ({end}): the run is finished and its results in "
+                    f"{reporter.out_dir} are kept (raise train.epochs or train.max_steps to train on)")
+    return summary
+
+
+def _last_epoch(run: Run, pos: Position) -> EpochResult:
+    """The figures of a run resumed at its end whose outputs were never written: the checkpoint's
+    weights evaluated now, the train loss and rate from that epoch's metrics.jsonl line."""
+    val, _ = evaluate(run)
+    record = run.runtime.broadcast_object(run.reporter.last_metrics()) or {}
+    return EpochResult(int(record.get("epoch", pos.epoch)), record.get("train_loss"), val,
+                       record.get("samples_per_sec"), 0.0)
 
 
 def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) -> EpochResult | None:
@@ -243,10 +294,25 @@ def _signalled_anywhere(run: Run) -> bool:
     return bool(run.runtime.allreduce_sum(np.array([mine]), name="hvtrain.preempt")[0] > 0)
 
 
+def _stop_before_training(run: Run, resumed: Any) -> None:
+    """A notice during start-up (config, data, framework import, Horovod, the first broadcasts) was
+    recorded, not fatal: every rank stops here, before the first step, with nothing to lose (no
+    checkpoint or result written; one allreduce, as the loop asks)."""
+    if run.signals is None or not run.signals.enabled or not _signalled_anywhere(run):
+        return
+    kept = (f"{resumed.path} still holds the run at {where(resumed.meta)}; resume with --resume auto" if resumed
+            else "run it again")
+    message = f"preempted before training started: nothing trained, nothing to lose; {kept}"
+    run.reporter.notice(message)
+    raise Preempted(message)
+
+
 def _preempted(run: Run, pos: Position, path: Any) -> None:
-    """The checkpoint at `pos` is written: say where, and end every rank with Preempted."""
-    message = (f"preempted at epoch {pos.epoch + 1} step {pos.step}: checkpoint {path}; resume with --resume auto"
-               if path else "preempted")
+    """The checkpoint at `pos` is written by rank 0: every rank gets its path from there, so no rank
+    exits before the file is complete (a launcher ends the job when its first rank exits, rank 0
+    mid-write included); rank 0 says where, and every rank ends with Preempted."""
+    path = run.runtime.broadcast_object(str(path) if path else None)
+    message = f"preempted at {where(asdict(pos))}: checkpoint {path}; resume with --resume auto"
     run.reporter.notice(message)
     raise Preempted(message)
 

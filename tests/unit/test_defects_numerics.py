@@ -298,3 +298,65 @@ def test_defect_21_resume_refuses_another_gradient_compression_or_micro_batching
     assert config_differences(saved, other) == ["parallel.pipeline.micro_batches: checkpoint 4, this run 2"]
     assert config_differences(saved, {**saved, "parallel": {"pipeline": {"micro_batches": 4, "schedule": "1f1b"}}}) \
         == []
+
+
+# ----------------------------------------------------------------------------- re-running on a finished run
+
+
+def outputs(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in ("summary.json", "final.safetensors", "metrics.jsonl")}
+
+
+def test_defect_06_resume_auto_on_a_finished_run_keeps_its_results(tmp_path, capsys):
+    """Defect: `--resume auto` on a finished run (every requeue script passes it) loaded the last
+    checkpoint, trained nothing and rewrote summary.json with train_loss null and no val metrics
+    (and deleted val_scores.npz); hvtrain.train's caller then met a KeyError. The run stays
+    finished: nothing trained, every output byte kept, the summary returned, and it says so."""
+    first, _ = fit_loop(tmp_path)
+    before = outputs(tmp_path)
+    again, steps = fit_loop(tmp_path, resume="auto")
+    assert steps.lrs == [] and again == first and again["val_loss"] == 80.0  # 2 epochs x 40 updates
+    assert outputs(tmp_path) == before
+    assert "is the end of training (epoch 2 of train.epochs 2): the run is finished and its results in" \
+        in capsys.readouterr().out
+    fewer, _ = fit_loop(tmp_path, "train.epochs=1", resume="auto")  # epochs already reached: the same
+    assert fewer == first and outputs(tmp_path) == before
+
+
+def test_defect_06_a_resume_whose_max_steps_is_reached_stays_finished(tmp_path):
+    """train.max_steps=15 stops inside epoch 1 (a checkpoint at the stop); the resume with the same
+    limit keeps everything, the cut epoch's partial metrics line too; a larger limit trains on."""
+    first, _ = fit_loop(tmp_path, "train.max_steps=15")
+    assert first["stopped_at_max_steps"] and first["steps"] == 15
+    before = outputs(tmp_path)
+    again, steps = fit_loop(tmp_path, "train.max_steps=15", resume="auto")
+    assert steps.lrs == [] and again == first and outputs(tmp_path) == before
+    more, steps = fit_loop(tmp_path, "train.max_steps=50", resume="auto")
+    assert len(steps.lrs) == 35 and more["steps"] == 50 and more["val_loss"] == 50.0
+
+
+def test_defect_06_a_run_killed_after_its_last_checkpoint_gets_its_outputs_from_it(tmp_path):
+    """Killed between the last checkpoint and the final write: the resume at the end evaluates the
+    checkpoint's weights and writes final.safetensors and summary.json (train loss and rate from
+    that epoch's metrics.jsonl line), not a summary of nulls."""
+    first, _ = fit_loop(tmp_path)
+    (tmp_path / "summary.json").unlink()
+    (tmp_path / "final.safetensors").unlink()
+    again, steps = fit_loop(tmp_path, resume="auto")
+    assert steps.lrs == [] and (tmp_path / "final.safetensors").is_file()
+    kept = {k: again[k] for k in ("train_loss", "val_loss", "val_accuracy", "samples_per_sec", "steps", "run_id")}
+    assert kept == {k: first[k] for k in kept}
+    assert json.loads((tmp_path / "summary.json").read_text())["val_loss"] == 80.0
+
+
+def test_defect_06_finishing_never_overwrites_another_runs_results(tmp_path):
+    """The newest checkpoint is the end of run A, but a later run B (no checkpoints) wrote the
+    directory's results: finishing A again would overwrite them, so the resume refuses, naming both."""
+    from hvtrain.errors import HvtrainError
+
+    fit_loop(tmp_path)
+    second, _ = fit_loop(tmp_path, "train.checkpoint_every=0")
+    before = outputs(tmp_path)
+    with pytest.raises(HvtrainError, match=rf"is the end of run \w+ .*summary.json is run {second['run_id']}'s"):
+        fit_loop(tmp_path, resume="auto")
+    assert outputs(tmp_path) == before
