@@ -75,6 +75,15 @@ def step_of(path: Path) -> int:
     return int(_NAME.match(path.name).group(2))
 
 
+def where(position: dict[str, Any]) -> str:
+    """A position (a checkpoint's meta, or the loop's) in the one numbering every line uses: the
+    epoch its step belongs to, counted from 1 as the progress bar and the epoch lines count it,
+    and the step. `epoch` holds the epochs done: at an epoch's end its step is that epoch's last;
+    with samples of the next epoch consumed (`offset`), the step lies in the next one."""
+    epoch = position["epoch"] + 1 if position.get("offset") else position["epoch"]
+    return f"epoch {max(epoch, 1)}, step {position['step']}"
+
+
 def _digest(tensors: dict[str, np.ndarray], meta_json: str) -> str:
     h = hashlib.sha256()
     for key in sorted(tensors):
@@ -302,7 +311,7 @@ class CheckpointManager:
             f"; world size changed {meta['world_size']} -> {info.size}" + (
                 f": global batch {b * before} -> {b * now}" if before != now else "")
             + ", per-rank random streams reseeded" + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
-        self.reporter.notice(f"resumed from {header['path']} (epoch {meta['epoch']}, step {meta['step']}){changed}")
+        self.reporter.notice(f"resumed from {header['path']} ({where(meta)}){changed}")
         return Resumed(header["path"], meta, state, same_world)
 
     def _find(self, resume: str) -> Checkpoint | None:
@@ -348,5 +357,5 @@ class CheckpointManager:
                 "layout": self.layout, "config": self.cfg.to_dict(), "hvtrain_version": __version__,
                 **({"inputs": self.inputs} if self.inputs is not None else {})}
         path = save(self.reporter.out_dir, tensors, meta, self.cfg.train.keep)
-        self.reporter.print(f"checkpoint: {path} (epoch {position['epoch']}, step {position['step']})")
+        self.reporter.print(f"checkpoint: {path} ({where(position)})")
         return path
