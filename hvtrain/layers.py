@@ -99,7 +99,8 @@ def check_option(fail, path: str, check: str, value: Any) -> Any:
         return value
     if check == "rate" and isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1:
         return float(value)
-    if check == "pos_float" and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+    if check == "pos_float" and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 \
+            and value < 1e300 and math.isfinite(value):  # .inf trained on zeros; a 400-digit int: OverflowError
         return float(value)
     if check in ("pair", "pair_or_none"):
         if value is None and check == "pair_or_none":
@@ -114,7 +115,7 @@ def check_option(fail, path: str, check: str, value: Any) -> Any:
         "pos_int": "a positive integer", "pos_int_or_none": "a positive integer or null", "int": "an integer",
         "bool": "true or false", "padding": "valid or same",
         "activation": f"one of {', '.join(ACTIVATIONS)}", "rate": "a number in [0, 1)",
-        "pos_float": "a positive number", "pair": "a positive integer or [h, w]",
+        "pos_float": "a finite positive number", "pair": "a positive integer or [h, w]",
         "pair_or_none": "a positive integer, [h, w] or null", "shape": "a list of positive integers",
     }[check]
     raise fail(path, f"expected {expected}, got {value!r}")

@@ -266,6 +266,32 @@ def test_a_drawn_value_loads_or_is_one_located_config_error(tmp_path, draw):
         assert got == want, (channel, key, got, want)
 
 
+# Layer options are numbers too: checked where the model spec is built (still before any framework).
+LAYER_DRAWS = {("dense", "units"): I(1), ("dropout", "rate"): F(0, 1, hi_open=True),
+               ("layernorm", "epsilon"): F(0, lo_open=True), ("batchnorm", "momentum"): F(0, 1, hi_open=True),
+               ("batchnorm", "epsilon"): F(0, lo_open=True)}
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(LAYER_DRAWS)).flatmap(lambda k: st.tuples(st.just(k), st.one_of(numbers(LAYER_DRAWS[k]),
+                                                                                               WRONG))))
+def test_a_drawn_layer_option_builds_or_is_one_located_config_error(tmp_path, draw):
+    from hvtrain.spec import build_spec
+
+    (kind, option), value = draw
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: t\ndata: {{dataset: sklearn:digits}}\nmodel:\n  input_shape: [64]\n  layers:\n"
+                    f"    - {{type: {kind}, {option}: {flow(value)}}}\n    - {{type: dense, units: 10}}\n")
+    readable, value = meaning(flow(value))
+    ok = readable and acceptable(LAYER_DRAWS[kind, option], value)
+    try:
+        build_spec(load_config(path))
+    except ConfigError as exc:
+        assert not ok and str(exc).startswith(f"{path}:6: model.layers[0].{option}: "), str(exc)
+        return
+    assert ok, (kind, option, value)
+
+
 # ----------------------------------------------------------------------------- in-range draws train
 
 # A practical corner of each range (tiny data, one epoch); every value is in its option's range.
