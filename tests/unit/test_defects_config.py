@@ -208,7 +208,7 @@ def test_defect_15_launcher_options_without_the_dashes_are_one_line():
     assert r.exit_code == 2 and "expected the hvtrain command to run on every rank" in r.output
 
 
-# ----------------------------------------------------------------------------- 16 (framework): tests/backends
+# 16 needs a framework: tests/backends/test_defects_config_frameworks.py
 # ----------------------------------------------------------------------------- 17, 18, 23: schedulers
 
 
