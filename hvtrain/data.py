@@ -85,6 +85,10 @@ class Dataset:
     classes: np.ndarray | None = None  # classification: the raw label of each class id (sorted), else None
     series: dict[str, Any] | None = None  # data.window: the windows, normalisation and persistence baseline
     text: dict[str, Any] | None = None  # a text corpus: the vocabulary record (hvtrain.text.vocabulary_record)
+    # what chose the validation samples of one source: {seed, validation_split, samples} (seed None for a
+    # series' split in time order); None: separate validation files. Travels in the weights' inputs record,
+    # so `hvtrain evaluate` can refuse a split that would put training samples in its validation set.
+    split: dict[str, Any] | None = None
 
     # Whole splits in memory: for tests, tools and small data (training reads batches instead).
     @property
@@ -157,9 +161,11 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     features = source.feature_shape
     shape = tuple(input_shape) if input_shape is not None and math.prod(input_shape) == math.prod(features) else None
     transform = Transform(np.int64 if integer_input else np.float32, shift, scale, shape)
+    split = {"seed": cfg.seed, "validation_split": cfg.data.validation_split, "samples": n} \
+        if val_source is source else None
     return Dataset(Split(source, train_rows, y[train_rows], transform),
                    Split(val_source, val_rows, y_val[val_rows], transform),
-                   num_outputs, shape or features, name, classes, text=text)
+                   num_outputs, shape or features, name, classes, text=text, split=split)
 
 
 def split_rows(cfg: Config, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -191,7 +197,8 @@ def _load_windows(cfg: Config, input_shape: tuple[int, ...] | None) -> Dataset:
              "shift": shift, "scale": scale, "loss": cfg.loss, **timeseries.persistence(w)}
     y = source.labels()
     return Dataset(Split(source, w.train, y[w.train], transform), Split(source, w.val, y[w.val], transform),
-                   d.horizon, shape or (d.window,), name, series=facts)
+                   d.horizon, shape or (d.window,), name, series=facts,
+                   split={"seed": None, "validation_split": d.validation_split, "samples": len(series)})
 
 
 def _text(cfg: Config) -> tuple[Source, dict[str, Any]]:

@@ -422,11 +422,15 @@ def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None
     Every metric, pipelined configs' too: the model is loaded whole."""
     from hvtrain.output import Reporter
     from hvtrain.trainer import reduce_metrics
+    from hvtrain.weightfile import evaluation_data, read_inputs
 
     p = prepare(config, backend, output_dir, overrides, model, data)
+    # fed as the weights were trained (their inputs record), on a split that holds none of their training samples
+    trained, notes = evaluation_data(p.cfg, p.data, read_inputs(weights_path), weights_path)
+    p = replace(p, data=trained)
     with _loaded(p, weights_path) as (s, steps):
         reporter = Reporter(s.info, p.cfg.out_dir, keep_metrics=True)
-        for note in steps.metrics.notes:
+        for note in [*notes, *steps.metrics.notes]:
             reporter.notice(note)
         metrics, _ = reduce_metrics(s.runtime, steps.metrics, steps.eval_sums(p.data.val))
         result = {"config": p.cfg.source, "weights": weights_path, "backend": p.cfg.backend,

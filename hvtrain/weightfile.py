@@ -55,6 +55,7 @@ class Inputs:
     classes: np.ndarray | None  # raw label of each class id (classification), else None
     text: dict[str, Any] | None = None  # a text corpus's vocabulary (hvtrain.text.vocabulary_record)
     target: tuple[float, float] | None = None  # (shift, scale) of normalised regression targets: y = out*scale+shift
+    split: dict[str, Any] | None = None  # what chose the validation samples (hvtrain.data.Dataset.split)
 
     @property
     def width(self) -> int:
@@ -85,6 +86,7 @@ def describe_inputs(cfg: Config, data: Dataset) -> dict[str, Any]:
             "input_shape": list(t.shape) if t.shape is not None else None,
             "loss": cfg.loss, "outputs": int(data.num_outputs), "classes": classes,
             **({"text": data.text} if data.text is not None else {}),
+            **({"split": data.split} if data.split is not None else {}),
             **({"target": {"shift": float(data.series["shift"]), "scale": float(data.series["scale"])}}
                if data.series is not None and (data.series["shift"], data.series["scale"]) != (0.0, 1.0) else {})}
 
@@ -114,7 +116,7 @@ def inputs_from(record: Any, where: str) -> Inputs:
         return Inputs(features, Transform(_DTYPES[record["dtype"]], shift, scale, shape), str(record["normalize"]),
                       str(record["loss"]), int(record["outputs"]),
                       np.asarray(classes) if classes is not None else None, _text_record(record.get("text")),
-                      _target_record(record.get("target")))
+                      _target_record(record.get("target")), _split_record(record.get("split")))
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{where}: unreadable '{INPUTS_KEY}' metadata ({type(exc).__name__}: {exc})") from None
 
@@ -126,6 +128,87 @@ def _target_record(target: Any) -> tuple[float, float] | None:
             or not (math.isfinite(target["shift"]) and math.isfinite(target["scale"]) and target["scale"] > 0):
         raise ValueError(f"target: expected finite shift and a positive scale, got {str(target)[:60]}")
     return float(target["shift"]), float(target["scale"])
+
+
+def _split_record(split: Any) -> dict[str, Any] | None:
+    if split is None:
+        return None
+    if not isinstance(split, dict) or not {"seed", "validation_split", "samples"} <= set(split):
+        raise ValueError(f"split: expected seed, validation_split and samples, got {str(split)[:60]}")
+    return split
+
+
+def evaluation_data(cfg: Config, data: Dataset, inputs: Inputs | None, where: str) -> tuple[Dataset, list[str]]:
+    """The data `hvtrain evaluate` scores saved weights on: this config's validation split, fed as
+    the weights were trained (their inputs record's normalisation, not the config's: predict does
+    the same), and the notes to print. Evaluating with the config's statistics scored another
+    model input (trained with minmax, evaluated standardised: 0.877 instead of 0.928).
+
+    Raises:
+        ConfigError: a split that would put the weights' training samples into this validation
+            split (another seed or data.validation_split on the same samples), classes that map to
+            other ids, a series normalised otherwise (its targets were scaled by the config).
+        DataError: rows of another shape than the weights were trained on.
+    """
+    from dataclasses import replace
+
+    if inputs is None:  # written before the record travelled: nothing to compare
+        return data, []
+    have = tuple(data.train.source.feature_shape)
+    if inputs.features != have:
+        raise DataError(f"{where}: trained on rows of shape {list(inputs.features)}, {data.name} has {list(have)}")
+    ours, theirs, notes = data.split, inputs.split, []
+    if ours is not None and theirs is not None:
+        if ours["samples"] != theirs["samples"]:
+            notes.append(f"evaluate: {where} was trained on {theirs['samples']} samples split by seed "
+                         f"{theirs['seed']} and validation_split {theirs['validation_split']}; {data.name} has "
+                         f"{ours['samples']}: its validation split may hold samples the weights were trained on")
+        else:
+            differ = [k for k in ("seed", "validation_split") if ours[k] != theirs[k]]
+            if differ:
+                key = "seed" if "seed" in differ else "data.validation_split"
+                raise cfg.fail(key, f"{where} was trained with seed {theirs['seed']} and data.validation_split "
+                               f"{theirs['validation_split']} on these {ours['samples']} samples, this config splits "
+                               f"with {', '.join(f'{k} {ours[k]}' for k in differ)}: its validation split would "
+                               "hold training samples; evaluate with the training run's values")
+    if inputs.classes is not None and data.classes is not None \
+            and inputs.classes.tolist() != data.classes.tolist():
+        raise cfg.fail("data", f"{where} was trained on the classes {inputs.classes.tolist()[:8]}, {data.name} has "
+                       f"{data.classes.tolist()[:8]}: class ids would mean other labels")
+    t, mine = inputs.transform, data.val.transform
+    same = (t.shift is None) == (mine.shift is None) and (t.shift is None or (
+        np.array_equal(t.shift, mine.shift) and np.array_equal(t.scale, mine.scale)))
+    if same:
+        return data, notes
+    if data.series is not None:
+        raise cfg.fail("data.normalize", f"{where} was trained on the series normalised with '{inputs.normalize}' "
+                       f"statistics of its training part, this config's data.normalize '{cfg.data.normalize}' gives "
+                       "others (and scales the targets by them): evaluate with the training run's data settings")
+    fed = replace(t, shape=mine.shape, dtype=mine.dtype)
+    notes.append(f"evaluate: inputs normalised as {where} was trained ({inputs.normalize}, the training split's "
+                 f"statistics from its inputs record), not by this config's data.normalize '{cfg.data.normalize}'")
+    return replace(data, train=replace(data.train, transform=fed), val=replace(data.val, transform=fed)), notes
+
+
+def read_inputs(path: str | Path) -> Inputs | None:
+    """The inputs record of a weights file without its weights (a final.safetensors' header; a
+    checkpoint is read and verified whole)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            metadata = fh.metadata() or {}
+    except (SafetensorError, OSError, ValueError):
+        return read_weights(path).inputs  # its errors name the file
+    if metadata.get("format") == CHECKPOINT_FORMAT:
+        return read_weights(path).inputs
+    text = metadata.get(INPUTS_KEY)
+    if text is None:
+        return None
+    try:
+        return inputs_from(json.loads(text), str(path))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: unreadable '{INPUTS_KEY}' metadata (not JSON: {exc})") from None
 
 
 def _text_record(text: Any) -> dict[str, Any] | None:

@@ -112,3 +112,27 @@ def test_defect_04_a_model_trains_on_float64_features_far_from_zero_and_predicts
 
     val = prepare(cfg, data=(x, y)).data.val
     assert float(np.mean(labels[val.rows] == y[val.rows])) == summary["val_accuracy"]
+
+
+def test_defect_05_evaluate_feeds_the_weights_as_they_were_trained_and_refuses_another_split(tmp_path):
+    """Defect: `hvtrain evaluate` normalised with the config's data.normalize, not the statistics the
+    weights were trained with (their inputs record, which predict uses): trained with minmax, it
+    scored standardised inputs (0.877 instead of 0.928). And a changed seed or validation_split
+    silently evaluated on training samples. Now evaluate equals the run's own last evaluation, and
+    another split on the same samples is one located error."""
+    import pytest
+
+    import hvtrain
+    from hvtrain.errors import ConfigError
+
+    cfg = "examples/digits_mlp.yaml"
+    summary = hvtrain.train(cfg, output_dir=str(tmp_path / "run"), quiet=True,
+                            overrides=["train.epochs=2", "data.normalize=minmax", "train.threads=1"])
+    weights = str(tmp_path / "run" / "final.safetensors")
+    got = hvtrain.evaluate(cfg, weights, output_dir=str(tmp_path / "eval"), overrides=["train.threads=1"])
+    assert got["val_accuracy"] == pytest.approx(summary["val_accuracy"], abs=1e-12)
+    assert got["val_loss"] == pytest.approx(summary["val_loss"], rel=1e-6)
+    for override, key in (("seed=7", "seed"), ("data.validation_split=0.3", "data.validation_split")):
+        with pytest.raises(ConfigError, match=rf"{key}: .*final.safetensors was trained with seed 1234 and "
+                                              r"data.validation_split 0.2 on these 1797 samples"):
+            hvtrain.evaluate(cfg, weights, output_dir=str(tmp_path / "eval"), overrides=[override])

@@ -360,3 +360,50 @@ def test_defect_06_finishing_never_overwrites_another_runs_results(tmp_path):
     with pytest.raises(HvtrainError, match=rf"is the end of run \w+ .*summary.json is run {second['run_id']}'s"):
         fit_loop(tmp_path, resume="auto")
     assert outputs(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------- evaluate's data (item 5's checks)
+
+
+def test_evaluation_data_takes_the_records_normalisation_and_refuses_what_would_mislead(tmp_path):
+    """hvtrain.weightfile.evaluation_data, without a framework: the record's statistics replace
+    the config's (a note says so); other classes, another row shape or a series normalised
+    otherwise are one located error; other data (another sample count) is a note; a record
+    written before the split travelled is taken as it is."""
+    from hvtrain.errors import ConfigError
+    from hvtrain.weightfile import evaluation_data
+
+    def record(mapping, **kw):
+        cfg = load_config(mapping, **kw)
+        d = load_dataset(cfg)
+        return cfg, d, inputs_from(json.loads(json.dumps(describe_inputs(cfg, d))), "w.st")
+
+    base = {"name": "e", "data": {"dataset": "synthetic:classification", "samples": 300, "features": 2},
+            "model": MODEL}
+    cfg, d, trained = record({**base, "data": {**base["data"], "normalize": "minmax"}})
+    cfg, now, _ = record(base)
+    fed, notes = evaluation_data(cfg, now, trained, "w.st")
+    assert np.array_equal(fed.x_val, d.x_val) and not np.array_equal(now.x_val, d.x_val)
+    assert notes == ["evaluate: inputs normalised as w.st was trained (minmax, the training split's statistics "
+                     "from its inputs record), not by this config's data.normalize 'standard'"]
+    assert evaluation_data(cfg, d, None, "w.st") == (d, [])  # an older file: nothing to compare
+    other, _ = evaluation_data(cfg, now, trained.__class__(**{**trained.__dict__, "split": None}), "w.st")
+    assert np.array_equal(other.x_val, d.x_val)
+    cfg2, arrays, _ = record({"name": "e", "model": MODEL}, data=offset_data(400))
+    _, notes = evaluation_data(cfg2, arrays, trained, "w.st")
+    assert notes[0].startswith("evaluate: w.st was trained on 300 samples split by seed") and \
+        notes[0].endswith("data= has 400: its validation split may hold samples the weights were trained on")
+    y3 = np.arange(300) % 3
+    cfg3, three, _ = record({"name": "e", "model": {**MODEL, "layers": [{"type": "dense", "units": 3}]}},
+                            data=(np.ones((300, 2)) + np.arange(300)[:, None], y3))
+    with pytest.raises(ConfigError, match=r"data: w.st was trained on the classes \[0, 1\], data= has \[0, 1, 2\]"):
+        evaluation_data(cfg3, three, trained, "w.st")
+    with pytest.raises(DataError, match=r"w.st: trained on rows of shape \[2\], data= has \[3\]"):
+        evaluation_data(cfg3, load_dataset(load_config({"name": "e", "model": MODEL}, data=(np.ones((300, 3)), y3))),
+                        trained, "w.st")
+    series = {"name": "s", "loss": "mse", "data": {"dataset": "statsmodels:sunspots", "window": 8},
+              "model": {"input_shape": [8], "layers": [{"type": "dense", "units": 1}]}}
+    scfg, _, strained = record({**series, "data": {**series["data"], "normalize": "minmax"}})
+    scfg, snow, _ = record(series)
+    with pytest.raises(ConfigError, match=r"data.normalize: w.st was trained on the series normalised with 'minmax'"):
+        evaluation_data(scfg, snow, strained, "w.st")
