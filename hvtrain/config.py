@@ -54,7 +54,7 @@ class Range:
 
     def describe(self, integer: bool) -> str:
         if integer:
-            return f"an integer >= {self.lo:g}" if self.hi is None else f"an integer {self.lo:g}..{self.hi:g}"
+            return f"an integer >= {self.lo}" if self.hi is None else f"an integer {self.lo}..{self.hi}"
         if self.hi is None:
             return f"a finite number {'>' if self.lo_open else '>='} {self.lo:g}"
         return f"a number in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
