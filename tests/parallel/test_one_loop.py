@@ -79,11 +79,10 @@ def test_fp16_pipeline_with_loss_scaling_learns(tmp_path, backend):
 def test_pipeline_on_nan_skip_skips_on_every_stage(tmp_path):
     """Defect: pipelines could not `on_nan: skip`. One NaN sample: its step is skipped on every
     rank (same decision everywhere), the rest trains, nothing non-finite is written."""
-    from tests.parallel.test_reliability import digits_csv_with_nan
+    from tests.parallel.test_reliability import digits_npy_with_nan
 
-    csv = tmp_path / "digits.csv"
-    digits_csv_with_nan(csv)
-    args = ["train", PIPE, "--quiet", "--set", f"data.dataset=csv:{csv}", "--set", "data.normalize=none",
+    dataset = digits_npy_with_nan(tmp_path / "digits")
+    args = ["train", PIPE, "--quiet", "--set", f"data.dataset={dataset}", "--set", "data.normalize=none",
             "--set", "optimizer.lr=0.01", "--set", "train.epochs=3", "--set", "model.layers.0.activation=tanh"]
     stop = run(mpirun(2, *args, "--output-dir", str(tmp_path / "stop")), check=False, timeout=300)
     assert stop.returncode != 0 and "hvtrain: error: rank 1 of 2: non-finite loss at epoch 1" in stop.stderr
