@@ -139,6 +139,16 @@ class Reporter:
             return None
         return data if isinstance(data, dict) else None
 
+    def modified(self, name: str) -> float | None:
+        """Rank 0: when this run directory's file `name` was last written (None: no such file); the
+        other ranks: None."""
+        if not self.enabled:
+            return None
+        try:
+            return (self.out_dir / name).stat().st_mtime
+        except OSError:
+            return None
+
     def last_metrics(self) -> dict[str, Any] | None:
         """Rank 0: metrics.jsonl's last record (None if there is none); the other ranks: None."""
         path = self.out_dir / METRICS_FILE

@@ -128,7 +128,7 @@ def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, A
         m = resumed.meta
         pos = Position(m["epoch"], m["step"], m["offset"], m["loss_sum"], m["epoch_steps"])
         if finished(run.cfg, pos):
-            kept = _kept_results(run, resumed.path, m["run_id"], pos, resume)
+            kept = _kept_results(run, resumed.path, m, pos, resume)
             if kept is not None:
                 return kept
         else:  # (a finished run's cut epoch keeps its partial line)
@@ -149,30 +149,35 @@ def finished(cfg: Config, pos: Position) -> bool:
     return pos.epoch >= cfg.train.epochs or bool(cfg.train.max_steps) and pos.step >= cfg.train.max_steps
 
 
-def _kept_results(run: Run, path: str, run_id: str, pos: Position, resume: str) -> dict[str, Any] | None:
+def _kept_results(run: Run, path: str, meta: dict[str, Any], pos: Position, resume: str) -> dict[str, Any] | None:
     """A resume from a checkpoint at the run's end (every requeue script passes `--resume auto`,
     finished or not): the run stays finished. Its summary.json, final.safetensors, metrics and
     scores are kept as they are and the summary is returned (it used to be rewritten with no
     train loss or val metrics, and val_scores.npz deleted). None when that run's outputs were never
-    written (killed after its last checkpoint): then the caller completes them from the checkpoint.
+    written (killed after its last checkpoint; a summary older than the checkpoint is an earlier
+    run's): then the caller completes them from the checkpoint.
 
     Raises:
-        HvtrainError: the directory's summary.json is another run's (overwriting it would lose it).
+        HvtrainError: the directory's summary.json is another run's, written after the checkpoint
+            (finishing this one would overwrite it).
     """
-    reporter, limit = run.reporter, run.cfg.train.max_steps
-    summary = reporter.read_json("summary.json")
-    final = reporter.enabled and (reporter.out_dir / WEIGHTS_FILE).is_file()
-    summary, final = run.runtime.broadcast_object((summary, final))
+    reporter, limit, run_id = run.reporter, run.cfg.train.max_steps, meta["run_id"]
+    summary, written = reporter.read_json("summary.json"), reporter.modified("summary.json")
+    final = reporter.modified(WEIGHTS_FILE) is not None
+    summary, written, final = run.runtime.broadcast_object((summary, written, final))
     end = (f"epoch {pos.epoch} of train.epochs {run.cfg.train.epochs}" if pos.epoch >= run.cfg.train.epochs
            else f"step {pos.step} of train.max_steps {limit}")
+    if summary is not None and summary.get("run_id") != run_id and written < meta.get("created", 0.0):
+        summary = None  # an earlier run's, which this one replaces in the directory
     if summary is None or not final:
         reporter.notice(f"resume: {path} is the end of training ({end}) but the run's outputs were not written: "
                         "writing them from it")
         return None
     if summary.get("run_id") != run_id:
         raise HvtrainError(f"--resume {resume}: {path} is the end of run {run_id} ({end}), but "
-                           f"{reporter.out_dir / 'summary.json'} is run {summary.get('run_id')}'s, which finishing "
-                           "it would overwrite; train in another output_dir, or without --resume to train anew")
+                           f"{reporter.out_dir / 'summary.json'} is run {summary.get('run_id')}'s, written after it, "
+                           "which finishing it would overwrite; train in another output_dir, or without --resume to "
+                           "train anew")
     reporter.notice(f"resume: {path} is the end of training ({end}): the run is finished and its results in "
                     f"{reporter.out_dir} are kept (raise train.epochs or train.max_steps to train on)")
     return summary

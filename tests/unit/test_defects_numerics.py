@@ -407,3 +407,22 @@ def test_evaluation_data_takes_the_records_normalisation_and_refuses_what_would_
     scfg, snow, _ = record(series)
     with pytest.raises(ConfigError, match=r"data.normalize: w.st was trained on the series normalised with 'minmax'"):
         evaluation_data(scfg, snow, strained, "w.st")
+
+
+def test_defect_06_a_fresh_run_killed_after_its_last_checkpoint_replaces_an_earlier_runs_results(tmp_path):
+    """Run B was started fresh in run A's directory and killed after its last checkpoint: the
+    summary.json there is A's, older than B's checkpoint, so the resume completes B's outputs
+    (it is not another run's result written later, which would be refused)."""
+    import os
+
+    first, _ = fit_loop(tmp_path)
+    old = (tmp_path / "summary.json").read_bytes()
+    second, _ = fit_loop(tmp_path)
+    assert second["run_id"] != first["run_id"]
+    (tmp_path / "final.safetensors").unlink()
+    (tmp_path / "summary.json").write_bytes(old)
+    os.utime(tmp_path / "summary.json", (1e9, 1e9))  # written before B's checkpoints
+    again, steps = fit_loop(tmp_path, resume="auto")
+    assert steps.lrs == [] and again["run_id"] == second["run_id"] and (tmp_path / "final.safetensors").is_file()
+    assert (again["train_loss"], again["val_loss"]) == (second["train_loss"], second["val_loss"])
+    assert json.loads((tmp_path / "summary.json").read_text())["run_id"] == second["run_id"]
