@@ -41,6 +41,7 @@ import numpy as np
 from hvtrain.backend import EXPORT_FORMATS
 from hvtrain.errors import DataError, HvtrainError
 from hvtrain.inference import PREDICT_BATCH, ArrayRows, Collected, Model, Rows, load_model, open_input, row_shape, run
+from hvtrain.output import remove_dead_temps
 from hvtrain.session import ConfigSource, load_experiment, loaded_model
 
 TOLERANCE = 1e-4
@@ -107,6 +108,7 @@ def export_model(config: ConfigSource, weights: str, fmt: str, output: str, back
             run(m, rows, {"probabilities": sink}, PREDICT_BATCH, s)  # hvtrain predict's path and outputs
             reference = sink.result()
             out.parent.mkdir(parents=True, exist_ok=True)  # only now: a failed check leaves no directory
+            remove_dead_temps(out, ".partial")  # a killed export's, as predict's .tmp files
             staging = out.with_name(f".{out.name}.{os.getpid()}.partial")
             try:
                 s.backend.export(fmt, str(staging), m.inputs)

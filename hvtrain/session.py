@@ -111,6 +111,7 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
           elastic: bool = False, model: Any = None, data: Any = None) -> dict[str, Any]:
     """Train one experiment on this process's rank: data parallel, pipelined or hybrid, one loop."""
     p = prepare(config, backend, output_dir, overrides, model, data)
+    check_output_dir(p.cfg, output_dir)
     tbevents.check(p.cfg)
     if p.spec is not None and p.cfg.model.init_from is not None:  # checked before any rank starts
         if resuming(p.cfg, resume):  # the checkpoint's weights replace the initial ones anyway
@@ -143,6 +144,38 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
     with StopSignals(enabled=not elastic) as signals:
         collect_before_mpi()
         return _train(p, quiet, resume, elastic, signals)
+
+
+def check_output_dir(cfg: Config, output_dir: str | None = None) -> None:
+    """The run's output directory, on rank 0 (which writes it; another host's file system may
+    differ) before any framework starts: neither a file nor under one, and writable. Else
+    train/evaluate failed in mkdir after Horovod started, with a traceback. `output_dir` is the
+    --output-dir given (None: the config's or HVTRAIN_OUTPUT_DIR's, as load_experiment applied it).
+
+    Raises:
+        ConfigError: located at --output-dir, HVTRAIN_OUTPUT_DIR, the config's output_dir or, for the
+            default runs/NAME, at name.
+    """
+    from hvtrain.dist import launcher_rank
+    from hvtrain.output import file_in_the_way
+
+    if launcher_rank() not in (None, 0):
+        return
+    out = cfg.out_dir
+    blocked = file_in_the_way(out)
+    if blocked is not None:
+        problem = f"expected a directory for the run's outputs, got {blocked}"
+    else:
+        base = next((d for d in (out, *out.parents) if d.exists()), Path("."))
+        if os.access(base, os.W_OK | os.X_OK):
+            return
+        problem = f"cannot write the run's outputs there ({base} is not a writable directory)"
+    env = os.environ.get("HVTRAIN_OUTPUT_DIR") or None
+    if output_dir is not None or env is not None:
+        raise ConfigError(f"{'--output-dir ' if output_dir is not None else 'HVTRAIN_OUTPUT_DIR='}{out}: {problem}")
+    if cfg.output_dir is not None:
+        raise cfg.fail("output_dir", f"{out}: {problem}")
+    raise cfg.fail("name", f"the default output directory {out}: {problem}; set output_dir or --output-dir")
 
 
 def resuming(cfg: Config, resume: str | None) -> bool:
@@ -425,6 +458,7 @@ def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None
     from hvtrain.weightfile import evaluation_data, read_inputs
 
     p = prepare(config, backend, output_dir, overrides, model, data)
+    check_output_dir(p.cfg, output_dir)
     # fed as the weights were trained (their inputs record), on a split that holds none of their training samples
     trained, notes = evaluation_data(p.cfg, p.data, read_inputs(weights_path), weights_path)
     p = replace(p, data=trained)

@@ -61,7 +61,9 @@ class TensorFlowBackend(Backend):
             gpus = tf.config.list_physical_devices("GPU")
             tf.config.experimental.set_memory_growth(gpus[gpu], True)
             tf.config.set_visible_devices(gpus[gpu], "GPU")
-        keras.utils.set_random_seed(cfg.seed * 7919 + info.rank)  # dropout masks differ per rank
+        # dropout masks differ per rank; Keras seeds numpy's legacy generator too, which takes < 2**32
+        # (a seed of 542363 or more crashed here); unchanged below that
+        keras.utils.set_random_seed((cfg.seed * 7919 + info.rank) % 2**32)
 
     def export(self, fmt: str, path: str, inputs: Inputs) -> None:
         export_model(self.model, fmt, path, inputs)
