@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from hvtrain.config import Config
     from hvtrain.dist import ProcessInfo
     from hvtrain.metrics import MetricSet
+    from hvtrain.native import NativeInputs, OutputForm
     from hvtrain.runtime import Runtime
     from hvtrain.spec import ModelSpec
     from hvtrain.weightfile import Inputs
@@ -59,10 +60,20 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int, runtime: Runtime) -> None:
+              num_outputs: int, runtime: Runtime, example: np.ndarray | None = None) -> None:
         """Model (from `spec`, or `cfg.model.entrypoint` when spec is None) and optimizer; load
         `weights` (neutral layout) if given; unless the run is elastic (whose state sync does it),
-        broadcast the model and optimizer state from rank 0 so every rank starts equal."""
+        broadcast the model and optimizer state from rank 0 so every rank starts equal.
+
+        An entrypoint model is probed on `example` (model inputs of the data, hvtrain.native's
+        probe batch; required then) before its optimizer is built: its first forward builds what
+        is not built yet and finds whether it reads token ids (native_inputs), a second one on the
+        broadcast weights what it returns (hvtrain.native.decide_form, the one contract of every
+        backend), which fixes how its output becomes logits for the loss, predict and export.
+
+        Raises:
+            ConfigError: at model.entrypoint, an output the contract refuses or a forward that fails.
+        """
 
     @abstractmethod
     def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
@@ -106,7 +117,8 @@ class Backend(ABC):
 
     @abstractmethod
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Model outputs (logits) as numpy, no gradient."""
+        """Model outputs as numpy logits [batch, width], no gradient (an entrypoint model's in the
+        form its probe decided: see build)."""
 
     @abstractmethod
     def get_state(self) -> dict[str, np.ndarray]:
@@ -137,6 +149,15 @@ class Backend(ABC):
         Raises:
             DataError: names or shapes that do not match the model (missing and unexpected named).
         """
+
+    @abstractmethod
+    def native_inputs(self) -> NativeInputs:
+        """What the built model reads: token ids (int64; the spec's embedding reads the input, or an
+        entrypoint model's did on the probe batch) or float32 features."""
+
+    @abstractmethod
+    def output_form(self) -> OutputForm:
+        """How the built model's output becomes logits (hvtrain.native; PLAIN for a config's model)."""
 
     @abstractmethod
     def local_gpus(self) -> int:

@@ -226,6 +226,10 @@ def _encode_labels(cfg: Config, y: np.ndarray, name: str) -> tuple[np.ndarray, i
             check_finite(y, name, "labels")
         classes, inverse = np.unique(y, return_inverse=True)
         y = inverse.reshape(len(y)).astype(np.int64)
+        if len(classes) < 2:  # nothing to tell apart: the loss is constant (and predict had no second label)
+            need = "2" if cfg.loss == "binary_cross_entropy" else "at least 2"
+            raise cfg.fail("loss", f"{cfg.loss} needs {need} classes, the dataset has {len(classes)} (label "
+                                   f"{', '.join(str(c) for c in classes[:1]) or 'none'}): every label is the same")
         if cfg.loss == "binary_cross_entropy":
             if len(classes) > 2:
                 raise cfg.fail("loss", f"binary_cross_entropy needs 2 classes, dataset has {len(classes)}")

@@ -40,7 +40,18 @@ import numpy as np
 
 from hvtrain.backend import EXPORT_FORMATS
 from hvtrain.errors import DataError, HvtrainError
-from hvtrain.inference import PREDICT_BATCH, ArrayRows, Collected, Model, Rows, load_model, open_input, row_shape, run
+from hvtrain.inference import (
+    PREDICT_BATCH,
+    ArrayRows,
+    Collected,
+    Model,
+    Rows,
+    load_model,
+    open_input,
+    probe_rows,
+    row_shape,
+    run,
+)
 from hvtrain.output import remove_dead_temps
 from hvtrain.session import ConfigSource, load_experiment, loaded_model
 
@@ -101,7 +112,7 @@ def export_model(config: ConfigSource, weights: str, fmt: str, output: str, back
     rows, described = (open_input(input_path, m.inputs), f"{input_path}") if input_path else validation_rows(m)
     row_shape(rows, m.inputs, weights)
     try:
-        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs) as s:
+        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows)) as s:
             if s.info.size > 1:
                 raise HvtrainError(f"export: runs as one process, got {s.info.size} ranks (run it without a launcher)")
             sink = Collected()

@@ -29,6 +29,7 @@ import numpy as np
 from hvtrain.config import Config
 from hvtrain.dist import launcher_rank
 from hvtrain.errors import DataError, HvtrainError
+from hvtrain.native import PROBE_ROWS
 from hvtrain.session import ConfigSource, load_experiment, loaded_model
 from hvtrain.sources import NpyArray
 from hvtrain.spec import ModelSpec, build_spec, check_weights
@@ -347,6 +348,15 @@ def run(m: Model, rows: Rows, sinks: dict[str, Any] | None, batch: int, session:
             sink.write(convert(kind, m.cfg.loss, logits, m.inputs.classes, m.inputs.target))
 
 
+def probe_rows(m: Model, rows: Rows) -> np.ndarray | None:
+    """The batch an entrypoint model is probed on when it is loaded (hvtrain.native): the input's
+    first rows as the model takes them; None for a config's model (its spec was checked)."""
+    if m.spec is not None:
+        return None
+    n = min(PROBE_ROWS, len(rows))
+    return m.inputs.transform(rows.read(0, n).reshape((n,) + row_shape(rows, m.inputs, m.path)))
+
+
 def _fingerprint(m: Model) -> str:
     h = hashlib.sha256()
     for k in sorted(m.weights):
@@ -371,7 +381,7 @@ def predict_array(config: ConfigSource, weights_path: str, x: Any, backend: str 
     rows = open_input(x, m.inputs) if isinstance(x, (str, Path)) else ArrayRows(x)
     row_shape(rows, m.inputs, weights_path)
     try:
-        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs) as s:
+        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows)) as s:
             sink = Collected() if s.info.is_main else None
             run(m, rows, {kind: sink} if sink else None, batch_size, s)
             return s.runtime.broadcast_object(sink.result() if sink else None)
@@ -404,7 +414,7 @@ def predict_files(config: ConfigSource, weights_path: str, input_path: str, outp
     files = {k: (p, len(rows), (m.inputs.outputs,) if k != "labels" else (),
                  np.dtype(np.float32) if k != "labels" else label_dtype(m.inputs)) for k, p in targets.items()}
     try:
-        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs) as s:
+        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows)) as s:
             from hvtrain.output import Reporter
 
             reporter = Reporter(s.info, Path(output).parent, keep_metrics=True)

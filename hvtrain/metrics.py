@@ -137,9 +137,28 @@ def predicted_class(loss: str, out: np.ndarray) -> np.ndarray:
     return np.asarray(out.argmax(axis=1), np.int64)
 
 
+def check_shapes(loss: str, out: np.ndarray, y: np.ndarray) -> None:
+    """Outputs [batch, width] against class ids [batch], or targets of the outputs' own shape.
+    numpy would broadcast a [batch] output against [batch, 1] targets into [batch, batch] errors
+    (every sample scored against every target), silently.
+
+    Raises:
+        HvtrainError: naming both shapes.
+    """
+    out, y = np.asarray(out), np.asarray(y)
+    fits = (out.ndim == 2 and y.ndim == 1 and len(out) == len(y)) if loss in CLASSIFICATION else out.shape == y.shape
+    if not fits:
+        from hvtrain.errors import HvtrainError
+
+        want = "[batch, width] against class ids [batch]" if loss in CLASSIFICATION else "the targets' shape"
+        raise HvtrainError(f"metrics: outputs of shape {list(out.shape)} do not fit labels of shape "
+                           f"{list(y.shape)} (expected {want})")
+
+
 def head_sums(loss: str, loss_sum: float, out: np.ndarray, y: np.ndarray) -> np.ndarray:
     """[loss, correct, squared error, absolute error] of a batch (errors: mean over outputs, summed
     over samples)."""
+    check_shapes(loss, out, y)
     correct = sq = ab = 0.0
     if loss in CLASSIFICATION:
         correct = float(np.sum(predicted_class(loss, out) == y))

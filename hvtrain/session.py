@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,23 +56,17 @@ def prepare(config: ConfigSource, backend: str | None = None, output_dir: str | 
     return Prepared(cfg, spec, data)
 
 
-def check_native_outputs(cfg: Config, backend: Any, data: Dataset) -> None:
-    """An entrypoint model's output width against what its loss and data need, once before
-    training (a config's model is checked from its spec in prepare). A wider output trained
-    (cross-entropy takes any number of logits) and failed at the first evaluation, an epoch later.
+def build_native(cfg: Config, backend: Any, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
+                 data: Dataset, runtime: Any) -> None:
+    """The backend's model for `data`: an entrypoint model is probed on the data's first training
+    rows (hvtrain.native: what it reads and returns, checked before any optimizer step; a config's
+    model was checked from its spec in prepare), and the data then fed as it reads it (token ids:
+    int64)."""
+    from hvtrain.native import adopt_inputs, probe_batch
 
-    Raises:
-        ConfigError: at model.entrypoint, naming both widths.
-    """
-    n = min(2, len(data.train))
-    if n == 0:
-        return
-    width = int(np.asarray(backend.predict(data.train.features(np.arange(n)))).reshape(n, -1).shape[1])
-    if width != data.num_outputs:
-        what = {"cross_entropy": f"one score per class ({data.num_outputs} classes)",
-                "binary_cross_entropy": "one logit"}.get(cfg.loss, f"{data.num_outputs} target value(s)")
-        raise cfg.fail("model.entrypoint", f"{cfg.model.entrypoint} outputs {width} values per sample; loss "
-                                           f"{cfg.loss} on {data.name} needs {what}")
+    backend.build(cfg, spec, weights, data.num_outputs, runtime, probe_batch(data) if spec is None else None)
+    if spec is None:
+        adopt_inputs(cfg, backend.native_inputs(), data)
 
 
 def largest_token_id(cfg: Config, data: Dataset) -> tuple[int | None, str]:
@@ -108,8 +102,9 @@ def load_experiment(config: ConfigSource, backend: str | None = None, output_dir
 
 def train(config: ConfigSource, backend: str | None = None, output_dir: str | None = None,
           overrides: Sequence[str] = (), quiet: bool = False, resume: str | None = None,
-          elastic: bool = False, model: Any = None, data: Any = None) -> dict[str, Any]:
-    """Train one experiment on this process's rank: data parallel, pipelined or hybrid, one loop."""
+          elastic: bool = False, model: Any = None, data: Any = None, signals: Any = None) -> dict[str, Any]:
+    """Train one experiment on this process's rank: data parallel, pipelined or hybrid, one loop.
+    `signals`: the hvtrain.preempt.StopSignals the caller installed already (the CLI does, first)."""
     p = prepare(config, backend, output_dir, overrides, model, data)
     check_output_dir(p.cfg, output_dir)
     tbevents.check(p.cfg)
@@ -138,10 +133,10 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
     from hvtrain.manifest import collect_before_mpi
     from hvtrain.preempt import StopSignals
 
-    # Recorded from here on (imports, Horovod start-up, data checks too), so that a pre-emption
-    # notice during start-up still ends in a checkpoint at the first check instead of a kill.
+    # Recorded from here on at the latest (the CLI's from its start), so that a pre-emption notice
+    # during start-up ends the run before its first step (exit 75) instead of killing it.
     # Elastic runs keep the default handlers: their loop does not check (Horovod elastic restarts).
-    with StopSignals(enabled=not elastic) as signals:
+    with nullcontext(signals) if signals is not None else StopSignals(enabled=not elastic) as signals:
         collect_before_mpi()
         return _train(p, quiet, resume, elastic, signals)
 
@@ -285,9 +280,10 @@ class Session:
         for note in metrics.notes:
             reporter.notice(note)
         if self.plan is None:
-            self.backend.build(cfg, p.spec, weights, p.data.num_outputs, rt)
-            if p.spec is None:
-                check_native_outputs(cfg, self.backend, p.data)
+            build_native(cfg, self.backend, p.spec, weights, p.data, rt)
+            note = self.backend.output_form().note(cfg.model.entrypoint) if p.spec is None else None
+            if note:
+                reporter.notice(note)
             steps = DataParallelSteps(self.backend, rt, metrics)
             layout = None
         else:
@@ -488,16 +484,21 @@ def _loaded(p: Prepared, weights_path: str) -> Iterator[tuple[Session, Any]]:
     weights = read_weights(weights_path).weights
     if p.spec is not None:
         check_weights(p.spec, weights, weights_path)
-    with loaded_model(p.cfg, p.spec, weights, p.data.num_outputs) as s:
+    with loaded_model(p.cfg, p.spec, weights, p.data.num_outputs, p.data) as s:
         yield s, DataParallelSteps(s.backend, s.runtime, MetricSet.of(p.cfg, p.data))
 
 
 @contextmanager
 def loaded_model(cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray],
-                 num_outputs: int) -> Iterator[Session]:
-    """A session (Horovod up, failure path armed) whose backend holds `weights` (checked by the caller)."""
+                 num_outputs: int, data: Dataset | np.ndarray | None = None) -> Iterator[Session]:
+    """A session (Horovod up, failure path armed) whose backend holds `weights` (checked by the caller).
+    An entrypoint model is probed on `data` (hvtrain.native): a Dataset (then fed as the model reads
+    it), or a batch of model inputs (predict's first rows, in the weights' input dtype)."""
     with Session(cfg, spec, pipelined=False) as s:
-        s.backend.build(cfg, spec, weights, num_outputs, s.runtime)
+        if isinstance(data, Dataset):
+            build_native(cfg, s.backend, spec, weights, data, s.runtime)
+        else:
+            s.backend.build(cfg, spec, weights, num_outputs, s.runtime, data if spec is None else None)
         yield s
 
 
@@ -526,8 +527,7 @@ def measure_step(p: Prepared, steps: int = 10, warmup: int = 3, ranks_per_host: 
         raise HvtrainError(f"measuring a step needs one process alone, got {session.info.size} ranks: run "
                            "hvtrain plan without a launcher, or give --step-ms")
     with session as s:
-        s.backend.build(cfg, p.spec, p.spec.init_weights(cfg.seed) if p.spec else None, p.data.num_outputs,
-                        s.runtime)
+        build_native(cfg, s.backend, p.spec, p.spec.init_weights(cfg.seed) if p.spec else None, p.data, s.runtime)
         runner = DataParallelSteps(s.backend, s.runtime)
         batch, k = cfg.data.batch_size, cfg.train.grad_accumulation
         rows = np.resize(np.arange(len(p.data.train)), batch)

@@ -22,6 +22,7 @@ from hvtrain.config import Config  # noqa: E402
 from hvtrain.dist import ProcessInfo, default_threads  # noqa: E402
 from hvtrain.entrypoint import load_entrypoint  # noqa: E402
 from hvtrain.metrics import MetricSet  # noqa: E402
+from hvtrain.native import PLAIN, NativeInputs, OutputForm, check_reads, decide_form  # noqa: E402
 from hvtrain.runtime import Runtime, grouped_allreduce  # noqa: E402
 from hvtrain.spec import ModelSpec  # noqa: E402
 from hvtrain.weightfile import Inputs  # noqa: E402
@@ -30,6 +31,7 @@ from .elastic import make_state  # noqa: E402
 from .export import export as export_model  # noqa: E402
 from .export import load as load_exported  # noqa: E402
 from .model import build_model, from_native, to_native  # noqa: E402
+from .native import reads, returned, scores  # noqa: E402
 from .ops import LOSSES, eval_sums, is_rng, load_training_state, make_optimizer, training_state  # noqa: E402
 from .stage import TensorFlowStage  # noqa: E402
 
@@ -66,7 +68,7 @@ class TensorFlowBackend(Backend):
         keras.utils.set_random_seed((cfg.seed * 7919 + info.rank) % 2**32)
 
     def export(self, fmt: str, path: str, inputs: Inputs) -> None:
-        export_model(self.model, fmt, path, inputs)
+        export_model(self.model, fmt, path, inputs, self.form)
 
     def load_export(self, fmt: str, path: str) -> Callable[[np.ndarray], np.ndarray]:
         return load_exported(fmt, path)
@@ -74,10 +76,17 @@ class TensorFlowBackend(Backend):
     def local_gpus(self) -> int:
         return len(tf.config.list_physical_devices("GPU"))
 
+    def native_inputs(self) -> NativeInputs:
+        return self.native
+
+    def output_form(self) -> OutputForm:
+        return self.form
+
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int, runtime: Runtime) -> None:
+              num_outputs: int, runtime: Runtime, example: np.ndarray | None = None) -> None:
         hvd = runtime.hvd
-        self.cfg, self.spec, self.runtime = cfg, spec, runtime
+        self.cfg, self.spec, self.runtime, self.num_outputs = cfg, spec, runtime, num_outputs
+        self.form, self.native = PLAIN, NativeInputs(spec.integer_input) if spec is not None else None
         policy = POLICY.get(cfg.train.precision)
         if spec is None:  # the user's code builds the layers: under the run's dtype policy
             previous = keras.mixed_precision.dtype_policy()
@@ -86,6 +95,10 @@ class TensorFlowBackend(Backend):
                 self.model = load_entrypoint(cfg, keras.Model, "keras.Model")
             finally:
                 keras.mixed_precision.set_dtype_policy(previous)
+            # the first call builds a model that is not built yet, before the optimizer takes its variables
+            self.native = reads(cfg, self.model, example)
+            check_reads(cfg, self.native, example)
+            self.example_shape = tuple(example.shape[1:])
         else:
             self.model = build_model(spec, policy)
         if weights is not None:
@@ -99,6 +112,9 @@ class TensorFlowBackend(Backend):
             # RNG (seed generator) states stay per rank, everything else comes from rank 0
             hvd.broadcast_variables([v.value for v in self.model.variables if not is_rng(v)], root_rank=0)
             hvd.broadcast_variables([v.value for v in self.optimizer.variables], root_rank=0)
+        if spec is None:  # decided on the broadcast weights: the same on every rank
+            x = example.astype(np.int64) if self.native.token_ids else example
+            self.form = decide_form(cfg, returned(cfg, self.model, x), len(x), num_outputs)
         self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.train_vars]
         self.loss_acc = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.loss_fn = LOSSES[cfg.loss]
@@ -115,8 +131,9 @@ class TensorFlowBackend(Backend):
     # -- compiled steps ----------------------------------------------------------------------
     def _compile(self) -> None:
         x_sig = tf.TensorSpec((None,) + self._input_shape(), tf.int64 if self._integer_input() else tf.float32)
-        y_dtype = tf.float32 if self.cfg.loss in ("mse", "mae") else tf.int64
-        y_sig = tf.TensorSpec(None, y_dtype)
+        regression = self.cfg.loss in ("mse", "mae")  # labels [batch], targets [batch, outputs]: never broadcast
+        y_sig = tf.TensorSpec((None, self.num_outputs) if regression else (None,),
+                              tf.float32 if regression else tf.int64)
         w_sig = tf.TensorSpec((None,), tf.float32)
         hvd, size = self.runtime.hvd, float(self.runtime.info.size)
         distributed = self.runtime.info.size > 1
@@ -124,7 +141,7 @@ class TensorFlowBackend(Backend):
 
         def local_grads(x, y, w, training):
             with tf.GradientTape() as tape:
-                out = tf.cast(self.model(x, training=training), tf.float32)
+                out = scores(self.form, self.model(x, training=training))
                 loss = tf.reduce_sum(self.loss_fn(out, y) * w)
                 total = loss * size  # Horovod averages; see hvtrain.data.Batch
                 if scaled:
@@ -176,7 +193,7 @@ class TensorFlowBackend(Backend):
 
         @tf.function(input_signature=[x_sig], reduce_retracing=True)
         def forward(x):
-            return tf.cast(self.model(x, training=False), tf.float32)
+            return scores(self.form, self.model(x, training=False))
 
         def compiled(step, training: bool):
             return tf.function(lambda x, y, w: step(x, y, w, training), input_signature=[x_sig, y_sig, w_sig],
@@ -191,14 +208,10 @@ class TensorFlowBackend(Backend):
     def _input_shape(self) -> tuple:
         if self.spec is not None:
             return tuple(self.spec.input_shape)
-        if self.cfg.model.input_shape:
-            return tuple(self.cfg.model.input_shape)
-        return tuple(self.model.inputs[0].shape[1:])
+        return self.example_shape  # the data's, as the entrypoint model was probed on it
 
     def _integer_input(self) -> bool:
-        if self.spec is not None:
-            return self.spec.integer_input
-        return self.model.inputs is not None and "int" in str(self.model.inputs[0].dtype)
+        return self.native.token_ids
 
     def set_lr(self, lr: float) -> None:
         self.optimizer.learning_rate.assign(lr)

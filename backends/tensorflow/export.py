@@ -12,12 +12,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvtrain.native import PLAIN, OutputForm
 from hvtrain.weightfile import Inputs
+
+from .native import scores
 
 OPSET = 18  # as the torch backend's exporter
 
 
-def _served(model: keras.Model, inputs: Inputs) -> tuple[tf.types.experimental.GenericFunction, str, list]:
+def _served(model: keras.Model, inputs: Inputs,
+            form: OutputForm = PLAIN) -> tuple[tf.types.experimental.GenericFunction, str, list]:
     """Raw rows -> (x - shift) / scale (training statistics, in float64 as training applies them,
     then float32) -> model input shape ->
     model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression; in the
@@ -36,7 +40,7 @@ def _served(model: keras.Model, inputs: Inputs) -> tuple[tf.types.experimental.G
         if shift is not None:  # constants built inside the function: embedded in the graph, not captured inputs
             x = tf.cast((tf.cast(tf.reshape(x, (-1, width)), tf.float64) - tf.constant(shift)) / tf.constant(scale),
                         tf.float32)
-        out = tf.cast(model(tf.reshape(x, (-1,) + shape), training=False), tf.float32)
+        out = scores(form, model(tf.reshape(x, (-1,) + shape), training=False))  # logits, as training saw them
         if inputs.loss == "cross_entropy":
             out = tf.nn.softmax(out, axis=1)
         elif inputs.loss == "binary_cross_entropy":
@@ -48,9 +52,10 @@ def _served(model: keras.Model, inputs: Inputs) -> tuple[tf.types.experimental.G
     return serve, name, signature
 
 
-def export(model: keras.Model, fmt: str, path: str, inputs: Inputs) -> None:
-    """Write `model` as `fmt` to `path` (a directory for savedmodel)."""
-    serve, _, signature = _served(model, inputs)
+def export(model: keras.Model, fmt: str, path: str, inputs: Inputs, form: OutputForm = PLAIN) -> None:
+    """Write `model` as `fmt` to `path` (a directory for savedmodel); `form` (hvtrain.native) turns an
+    entrypoint model's output into the logits the activation is applied to."""
+    serve, _, signature = _served(model, inputs, form)
     if fmt == "savedmodel":
         module = tf.Module()
         module.model, module.serve = model, serve

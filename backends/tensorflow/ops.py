@@ -10,19 +10,37 @@ from hvtrain.config import Config
 from hvtrain.metrics import MetricSet, batch_stats
 
 
+def _fits(out, y, width: int | None = None) -> None:
+    """Outputs [batch, width] against labels [batch] (width None: targets of the outputs' shape),
+    checked on the static shapes (when traced; the backend's step signature gives the labels
+    theirs). Elementwise ops would broadcast a [batch] output against [batch, 1] targets into a
+    [batch, batch] loss: the batch mean is learned, silently."""
+    o, t = out.shape, y.shape
+    if o.rank is None or t.rank is None:
+        return
+    ok = o.is_compatible_with(t) if width is None else \
+        (o.rank == 2 and t.rank == 1 and o[:1].is_compatible_with(t) and (width == 0 or o[1] in (None, width)))
+    if not ok:
+        raise ValueError(f"loss: outputs of shape {o.as_list()} do not fit labels of shape {t.as_list()}")
+
+
 def _ce(out, y):
+    _fits(out, y, 0)
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=out)
 
 
 def _bce(out, y):
+    _fits(out, y, 1)
     return tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.cast(y, out.dtype), logits=out[:, 0])
 
 
 def _mse(out, y):
+    _fits(out, y)
     return tf.reduce_mean(tf.square(out - y), axis=1)
 
 
 def _mae(out, y):
+    _fits(out, y)
     return tf.reduce_mean(tf.abs(out - y), axis=1)
 
 

@@ -13,6 +13,7 @@ from hvtrain.config import Config
 from hvtrain.dist import ProcessInfo, default_threads
 from hvtrain.entrypoint import load_entrypoint
 from hvtrain.metrics import MetricSet
+from hvtrain.native import PLAIN, NativeInputs, OutputForm, check_reads, decide_form
 from hvtrain.runtime import Runtime
 from hvtrain.spec import ModelSpec
 from hvtrain.weightfile import Inputs
@@ -21,6 +22,7 @@ from .elastic import make_state
 from .export import export as export_model
 from .export import load as load_exported
 from .model import build_model, from_native, to_native
+from .native import reads, returned, scores
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 from .stage import TorchStage
 
@@ -49,7 +51,7 @@ class TorchBackend(Backend):
         torch.manual_seed(cfg.seed * 7919 + info.rank)  # dropout masks differ per rank
 
     def export(self, fmt: str, path: str, inputs: Inputs) -> None:
-        export_model(self.model, fmt, path, inputs)
+        export_model(self.model, fmt, path, inputs, self.form)
 
     def load_export(self, fmt: str, path: str) -> Callable[[np.ndarray], np.ndarray]:
         return load_exported(fmt, path)
@@ -57,12 +59,23 @@ class TorchBackend(Backend):
     def local_gpus(self) -> int:
         return torch.cuda.device_count()
 
+    def native_inputs(self) -> NativeInputs:
+        return self.native
+
+    def output_form(self) -> OutputForm:
+        return self.form
+
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int, runtime: Runtime) -> None:
+              num_outputs: int, runtime: Runtime, example: np.ndarray | None = None) -> None:
         hvd = runtime.hvd
         self.cfg, self.spec, self.runtime = cfg, spec, runtime
         model = load_entrypoint(cfg, torch.nn.Module, "torch.nn.Module") if spec is None else build_model(spec)
         self.model = model.to(self.device)
+        self.form, self.native = PLAIN, NativeInputs(spec.integer_input) if spec is not None else None
+        if spec is None:  # the first forward also materialises lazy modules, before the optimizer takes them
+            self.native = reads(cfg, self.model, example, self.device)
+            check_reads(cfg, self.native, example)
+            _one_value_batchnorm(self.model)
         if weights is not None:
             self.set_weights(weights)
         self.optimizer = make_optimizer(cfg, self.model)
@@ -75,6 +88,9 @@ class TorchBackend(Backend):
                 self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
                 backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average,
                 num_groups=cfg.horovod.num_groups)
+        if spec is None:  # decided on the broadcast weights: the same on every rank
+            x = example.astype(np.int64) if self.native.token_ids else example
+            self.form = decide_form(cfg, returned(cfg, self.model, x, self.device), len(x), num_outputs)
         self.autocast = AUTOCAST.get(cfg.train.precision)
         # 2^15 to start, as Keras and the pipeline loss scale do
         self.scaler = torch.amp.GradScaler(self.device.type, init_scale=2.0 ** 15) \
@@ -105,7 +121,7 @@ class TorchBackend(Backend):
         finally:
             if padding:
                 self.model.train()
-        loss = (self.loss_fn(out.float(), yt) * wt).sum()
+        loss = (self.loss_fn(scores(self.form, out), yt) * wt).sum()
         finite = bool(torch.isfinite(loss))
         if not finite and not self.skip_nan:
             return False  # the loop stops the job, naming this rank and step
@@ -169,7 +185,7 @@ class TorchBackend(Backend):
     def predict(self, x: np.ndarray) -> np.ndarray:
         self.model.eval()
         try:
-            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
+            return scores(self.form, self.model(torch.from_numpy(x).to(self.device))).cpu().numpy()
         finally:
             self.model.train()
 
@@ -193,3 +209,28 @@ class TorchBackend(Backend):
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         to_native(self.spec, self.model, weights)
+
+
+def _one_value_batchnorm(model: torch.nn.Module) -> None:
+    """A user model's batch norm on a training batch of one value per channel (a rank's one-sample
+    share of a tail batch) normalises with its running statistics and leaves them unchanged, as
+    the catalogue's batchnorm and Keras do; torch would raise 'Expected more than 1 value per
+    channel when training' mid-run."""
+    lent: set[int] = set()
+
+    def before(module: torch.nn.Module, args: tuple) -> None:
+        x = args[0] if args else None
+        if module.training and isinstance(x, torch.Tensor) and x.dim() >= 2 and x.numel() == x.shape[1] \
+                and module.track_running_stats:
+            lent.add(id(module))
+            module.train(False)
+
+    def after(module: torch.nn.Module, args: tuple, out: Any) -> None:
+        if id(module) in lent:
+            lent.discard(id(module))
+            module.train(True)
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.register_forward_pre_hook(before)
+            m.register_forward_hook(after)

@@ -16,7 +16,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from hvtrain.native import PLAIN, OutputForm
 from hvtrain.weightfile import Inputs
+
+from .native import scores
 
 OPSET = 18  # torch.onnx's dynamo exporter's default
 
@@ -27,10 +30,10 @@ class _Served(torch.nn.Module):
     model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression; in the
     targets' units: * scale + shift when they were normalised)."""
 
-    def __init__(self, model: torch.nn.Module, inputs: Inputs) -> None:
+    def __init__(self, model: torch.nn.Module, inputs: Inputs, form: OutputForm = PLAIN) -> None:
         super().__init__()
         t = inputs.transform
-        self.model = model
+        self.model, self.form = model, form
         self.normalise = t.shift is not None
         if self.normalise:
             self.register_buffer("shift", torch.from_numpy(np.asarray(t.shift, np.float64).copy()))
@@ -45,7 +48,7 @@ class _Served(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.normalise:
             x = ((x.reshape(-1, self.width).double() - self.shift) / self.scale).float()
-        out = self.model(x.reshape((-1,) + self.shape)).float()
+        out = scores(self.form, self.model(x.reshape((-1,) + self.shape)))  # logits, as training saw them
         if self.activation == "softmax":
             return torch.softmax(out, dim=1)
         if self.activation == "sigmoid":
@@ -55,9 +58,10 @@ class _Served(torch.nn.Module):
         return out
 
 
-def export(model: torch.nn.Module, fmt: str, path: str, inputs: Inputs) -> None:
-    """Write `model` (not changed: a CPU copy in eval mode is exported) as `fmt` to `path`."""
-    served = _Served(copy.deepcopy(model).cpu().float().eval(), inputs).eval()
+def export(model: torch.nn.Module, fmt: str, path: str, inputs: Inputs, form: OutputForm = PLAIN) -> None:
+    """Write `model` (not changed: a CPU copy in eval mode is exported) as `fmt` to `path`; `form`
+    (hvtrain.native) turns an entrypoint model's output into the logits the activation is applied to."""
+    served = _Served(copy.deepcopy(model).cpu().float().eval(), inputs, form).eval()
     dtype = torch.from_numpy(np.zeros(0, inputs.transform.dtype)).dtype
     example = torch.zeros((2,) + tuple(inputs.features), dtype=dtype)
     with warnings.catch_warnings(), torch.no_grad():

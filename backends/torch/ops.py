@@ -13,19 +13,33 @@ from hvtrain.metrics import MetricSet, batch_stats
 from hvtrain.statefile import decode_json, encode_json
 
 
+def _fits(out: torch.Tensor, y: torch.Tensor, width: int | None = None) -> None:
+    """Outputs [batch, width] against labels [batch] (width None: targets of the outputs' shape).
+    Elementwise ops would broadcast a [batch] output against [batch, 1] targets into a
+    [batch, batch] loss: the batch mean is learned, silently."""
+    ok = out.shape == y.shape if width is None else \
+        (out.dim() == 2 and y.dim() == 1 and len(out) == len(y) and (width == 0 or out.shape[1] == width))
+    if not ok:
+        raise ValueError(f"loss: outputs of shape {list(out.shape)} do not fit labels of shape {list(y.shape)}")
+
+
 def _ce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    _fits(out, y, 0)
     return F.cross_entropy(out, y, reduction="none")
 
 
 def _bce(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    _fits(out, y, 1)
     return F.binary_cross_entropy_with_logits(out[:, 0], y.to(out.dtype), reduction="none")
 
 
 def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    _fits(out, y)
     return (out - y).pow(2).mean(dim=1)
 
 
 def _mae(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    _fits(out, y)
     return (out - y).abs().mean(dim=1)
 
 

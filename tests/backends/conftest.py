@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 from mpi4py import MPI  # noqa: E402,F401
 
 from hvtrain.backend import BACKENDS, get_backend  # noqa: E402
+from hvtrain.native import adopt_inputs, probe_batch  # noqa: E402
 from hvtrain.runtime import Runtime  # noqa: E402
 from hvtrain.session import prepare  # noqa: E402
 
@@ -39,5 +40,8 @@ def make_backend(name: str, config: str, *overrides: str, weights=None):
     backend.configure(p.cfg, rt.info, None)
     if weights is None and p.spec is not None:
         weights = p.spec.init_weights(p.cfg.seed)
-    backend.build(p.cfg, p.spec, weights, p.data.num_outputs, rt)
+    example = probe_batch(p.data) if p.spec is None else None  # an entrypoint model is probed on it
+    backend.build(p.cfg, p.spec, weights, p.data.num_outputs, rt, example)
+    if p.spec is None:
+        adopt_inputs(p.cfg, backend.native_inputs(), p.data)
     return backend, p
