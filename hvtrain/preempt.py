@@ -6,6 +6,10 @@ whether any rank has one (one allreduce of a flag), so a signal that reached a s
 only the launcher (`hvtrain launch` passes it on), stops the whole job at the same step. The job
 then writes a checkpoint (atomically: a second signal during the write cannot harm the previous
 one), rank 0 prints where it stopped, and every rank exits with PREEMPTED_EXIT.
+
+`hvtrain train` installs the handlers first thing, before the config, the data, the framework and
+Horovod (a notice during start-up is recorded, not fatal); the loop asks once more before its
+first step, so such a notice ends the run there with PREEMPTED_EXIT and nothing to lose.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ class StopSignals:
         if self.enabled and threading.current_thread() is threading.main_thread():  # handlers live there only
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            # A rank may inherit SIGTERM blocked (hvtrain launch blocks it in the launcher it starts,
+            # so that only the ranks act on a job-wide SIGTERM) or ignored (Horovod's middlemen, as
+            # scripts/build_horovod.sh patches them): its handlers must see it all the same.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         return self
 
     def rearm(self) -> None:

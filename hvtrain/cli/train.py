@@ -19,6 +19,12 @@ from hvtrain.backend import BACKENDS
 def train(config: str, backend: str | None, output_dir: str | None, overrides: tuple[str, ...],
           resume: str | None, elastic: bool, quiet: bool) -> None:
     """Train CONFIG on this process's ranks (alone, or under horovodrun/mpirun)."""
-    from hvtrain.session import train as run
+    from hvtrain.preempt import StopSignals
 
-    run(config, backend, output_dir, overrides, quiet=quiet, resume=resume, elastic=elastic)
+    # First of all (before the config, the data, the framework and Horovod): a pre-emption notice
+    # during start-up is recorded, and the run stops before its first step, exit 75, instead of
+    # dying of the signal. Elastic runs keep the default handlers (Horovod elastic restarts them).
+    with StopSignals(enabled=not elastic) as signals:
+        from hvtrain.session import train as run
+
+        run(config, backend, output_dir, overrides, quiet=quiet, resume=resume, elastic=elastic, signals=signals)
