@@ -9,6 +9,23 @@
 #   3. horovod/runner/mpi_run.py: double-dash OpenMPI options (--mca, --bind-to,
 #      --map-by, --rank-by). OpenMPI 5's prterun rejects the single-dash forms
 #      ("Executable: none"); OpenMPI 4.1 accepts both.
+#   4. horovod/runner/mpi_run.py: mpirun runs as horovodrun's child (runner_patch.py),
+#      not exec'd over it by /bin/sh -c, so a plain `horovodrun -np N hvtrain train`
+#      is pre-empted like `hvtrain launch`: a SIGTERM to the whole job (Slurm) no
+#      longer kills sh (exit 143) nor makes mpirun kill the ranks before they checkpoint
+#      (mpirun starts with SIGTERM blocked); a SIGTERM/SIGUSR1 to horovodrun reaches the
+#      ranks as SIGUSR1; horovodrun exits with mpirun's code (75 when pre-empted).
+#   5. horovod/runner/gloo_run.py: horovodrun --gloo exits with the first failing
+#      process's exit code and one line, not a RuntimeError traceback and exit 1
+#      (a clean pre-emption is 75 on every rank). The Python API (run_func) still raises.
+#      A SIGUSR1 to it ends the ranks as a SIGTERM does (SIGTERM to each, 5 s grace),
+#      instead of killing horovodrun alone (exit 138, its ranks then ended anyway).
+#   6. horovod/runner/common/util/safe_shell_exec.py: the middlemen, and the shells
+#      they start (ignored, not blocked: dash unblocks every signal), ignore SIGTERM:
+#      a SIGTERM to the whole job (Slurm) killed them, orphaning the ranks, and
+#      horovodrun --gloo exited 143 whatever the ranks did. Horovod ends them through
+#      its events, never by SIGTERM; hvtrain's ranks install their own handler, so
+#      they still take it (a command without one ignores it: SIGKILL 5 s later).
 # cmake 4 needs CMAKE_POLICY_VERSION_MINIMUM=3.5 for Horovod's bundled projects.
 #
 # The wheel is cached under ${HVTRAIN_CACHE_DIR:-~/.cache/hvtrain}/horovod/<key>/,
@@ -39,9 +56,25 @@ PYEOF
 )
 mpi_version=$(mpirun --version 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n' '_' || true)
 [ -n "$mpi_version" ] || { echo "build_horovod: mpirun not found; install OpenMPI first" >&2; exit 1; }
-script_hash=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)
+script_hash=$(cat "${BASH_SOURCE[0]}" "$here/runner_patch.py" | sha256sum | cut -c1-12)
 key="hvd${HVD_VERSION}-${versions}-${mpi_version}-${script_hash}"
 cache_dir="$cache_root/horovod/$key"
+
+patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 and 5, checked
+  cp "$here/runner_patch.py" "$1/hvtrain_patch.py"
+  patch_file "$1/mpi_run.py" \
+    "s|^        os.execve('/bin/sh', \['/bin/sh', '-c', mpirun_command\], env)$|        from horovod.runner.hvtrain_patch import run_mpirun; sys.exit(run_mpirun(mpirun_command, env))|" \
+    "sys.exit(run_mpirun(mpirun_command, env))"
+  patch_file "$1/gloo_run.py" \
+    "/^def launch_gloo(/,/^def _get_min_start_hosts/ s|^            raise RuntimeError('Horovod detected that one or more processes exited with non-zero '$|            if not settings.run_func_mode: from horovod.runner.hvtrain_patch import exit_as; exit_as(name, exit_code)\n&|" \
+    "exit_as(name, exit_code)"
+  patch_file "$1/gloo_run.py" \
+    "s|^    signal.signal(signal.SIGTERM, set_event_on_signal)$|&\n    signal.signal(signal.SIGUSR1, set_event_on_signal)  # hvtrain's patch: a notice, as SIGTERM|" \
+    "signal.signal(signal.SIGUSR1, set_event_on_signal)"
+  patch_file "$1/common/util/safe_shell_exec.py" \
+    "s|^    os.setsid()$|&\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # hvtrain's patch: edit 6|" \
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # hvtrain"
+}
 
 wheel=$(ls "$cache_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$wheel" ]; then
@@ -66,6 +99,7 @@ if [ -z "$wheel" ]; then
   if grep -nE "'-(mca|bind-to|map-by|rank-by) " "$src/horovod/runner/mpi_run.py"; then
     echo "build_horovod: single-dash OpenMPI options left in mpi_run.py" >&2; exit 1
   fi
+  patch_runner "$src/horovod/runner"
 
   (cd "$src" && \
     CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=${MAKEFLAGS:--j2} \

@@ -92,70 +92,33 @@ def plan(np: int | None, args: Sequence[str], launcher: str, hostfile: str | Non
     return Plan(argv, env, text)
 
 
-MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
-
-
 def run(p: Plan) -> int:
-    """Run the planned launcher; return its exit code. SIGTERM or SIGUSR1 sent to this process (a
-    scheduler's pre-emption notice) reaches the ranks as SIGUSR1 (see pass_on_signal), so they stop
-    at a common step with a checkpoint instead of being killed by the launcher."""
-    with tempfile.TemporaryDirectory(prefix="hvtrain-launch-") as tmp:
+    """Run the planned launcher; return its exit code. A SIGTERM or SIGUSR1 sent to this process (a
+    scheduler's pre-emption notice), from its start on, reaches the ranks as SIGUSR1 once they can
+    take it (hvtrain.launch.notice), so they stop at a common step with a checkpoint, exit 75.
+
+    The launcher starts with SIGTERM blocked (inherited; mpirun's ranks get it unblocked, and
+    `hvtrain train` unblocks it): a SIGTERM sent to the whole job at once (Slurm's pre-emption)
+    then reaches the ranks and this process, but not mpirun or horovodrun, which would kill the
+    ranks before they can checkpoint (mpirun SIGKILLs them 2 s later and exits 1; horovodrun
+    --gloo 5 s later). srun passes a SIGTERM on to its tasks itself, so it keeps it."""
+    from hvtrain.launch.notice import Notice
+
+    with tempfile.TemporaryDirectory(prefix="hvtrain-launch-") as tmp, Notice() as notice:
         argv = list(p.argv)
         if p.hostfile_text is not None:
             path = Path(tmp) / "hostfile"
             path.write_text(p.hostfile_text)
             argv = [str(path) if a == HOSTFILE_PLACEHOLDER else a for a in argv]
-        proc = subprocess.Popen(argv, env=p.env)
-        previous = {sig: signal.signal(sig, lambda signum, frame: pass_on_signal(proc.pid))
-                    for sig in (signal.SIGTERM, signal.SIGUSR1)}
+        blocked = set() if Path(argv[0]).name == "srun" else {signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
         try:
-            code = proc.wait()
+            proc = subprocess.Popen(argv, env=p.env)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        try:
+            code = notice.serve(proc)
         except KeyboardInterrupt:
             proc.wait()
             return 130
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         return 128 - code if code < 0 else code  # killed by signal N: the shell's 128+N
-
-
-def pass_on_signal(launcher_pid: int) -> list[int]:
-    """SIGUSR1 to the MPI launcher below `launcher_pid` (mpirun forwards it to every rank, on every
-    host), else to every local process below it (horovodrun --gloo starts local ranks itself).
-    Not SIGTERM: horovodrun ends its ranks on SIGTERM before they can react. Returns the pids."""
-    import psutil
-
-    try:
-        below = [psutil.Process(launcher_pid), *psutil.Process(launcher_pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-    mpi = [c for c in below if _name(c) in MPI_LAUNCHERS]
-    # srun (no mpirun, no local rank below it) passes a SIGUSR1 it receives on to its tasks itself
-    targets = mpi or [c for c in below if _is_rank(c)] or [c for c in below[:1] if _name(c) == "srun"]
-    if not targets:  # horovodrun --gloo with no rank on this host: SIGUSR1 would just kill horovodrun
-        print(f"hvtrain launch: cannot pass the signal on: no mpirun and no rank below pid {launcher_pid} on "
-              "this host (horovodrun --gloo starts remote ranks over ssh); signal the ranks themselves",
-              file=sys.stderr, flush=True)
-    sent = []
-    for c in targets:
-        try:
-            c.send_signal(signal.SIGUSR1)
-            sent.append(c.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return sent
-
-
-def _is_rank(process) -> bool:
-    try:
-        argv = process.cmdline()
-    except Exception:  # noqa: BLE001 - a process that just ended
-        return False
-    return argv[1:3] == ["-m", "hvtrain"]
-
-
-def _name(process) -> str:
-    try:
-        return process.name()
-    except Exception:  # noqa: BLE001 - a process that just ended
-        return ""

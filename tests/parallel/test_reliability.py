@@ -125,11 +125,12 @@ def test_a_killed_rank_ends_the_job_quickly(tmp_path, launcher):
     try:
         deadline = time.time() + 120
         victim = None
-        while victim is None and time.time() < deadline:  # the rank-1 worker: a python process with our marker
+        while victim is None and time.time() < deadline:  # the rank-1 worker: `python -m hvtrain` with our marker
             time.sleep(0.5)
             ps = subprocess.run(["pgrep", "-f", f"hvtrain train {SLOW}.*{marker}"], capture_output=True, text=True)
             pids = sorted(int(p) for p in ps.stdout.split())
-            workers = [p for p in pids if "python" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode()]
+            # (not horovodrun itself: a python process too, whose command line holds the ranks')
+            workers = [p for p in pids if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"hvtrain"]]
             if len(workers) == 2 and (Path(marker) / "metrics.jsonl").exists():
                 victim = workers[1]
         assert victim, "workers not found"
