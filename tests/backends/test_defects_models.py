@@ -102,6 +102,21 @@ def test_defect_02_softmax_head_trains_on_its_probabilities_and_predict_and_expo
     np.testing.assert_allclose(exported(backend, p, tmp_path), proba, atol=1e-5)
 
 
+def test_defect_02_keras_applications_default_softmax_classifier_is_scored_on_its_probabilities():
+    """keras.applications.MobileNetV2(weights=None, classes=10) ends in classifier_activation='softmax'
+    by default: recognised, and its loss is -log p of its own output (not a second softmax's).
+    Only evaluated here (its training step takes ~10 s to compile on a CPU; the softmax heads
+    above train)."""
+    backend, p = built("keras_mobilenet", {"entrypoint": f"{FIXTURE}:images", "batch_size": 16,
+                                           "normalize": "none"})
+    head = backend.model.get_layer("predictions")  # untrained outputs are near uniform: make them not
+    head.bias.assign(np.linspace(0.0, 6.0, 10, dtype=np.float32))
+    proba = native(backend, p.data.x_val)
+    yv = p.data.y_val
+    assert val_loss_sum(backend, p) == pytest.approx(-float(np.sum(np.log(proba[np.arange(len(yv)), yv]))), rel=1e-4)
+    assert backend.output_form().undo == "softmax"
+
+
 @pytest.mark.parametrize("model", ["keras_sigmoid_head", "torch_sigmoid"])
 def test_defect_02_sigmoid_head_trains_on_its_probabilities_and_predict_and_export_apply_it_once(model, tmp_path):
     """The binary twin of the softmax head: Dense(1, activation='sigmoid'), or a forward ending in
