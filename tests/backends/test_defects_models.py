@@ -99,7 +99,26 @@ def test_defect_02_softmax_head_trains_on_its_probabilities_and_predict_and_expo
     assert own / len(y) < 0.3, f"val loss {own / len(y):.3f}: not learned"
     np.testing.assert_allclose(convert("probabilities", p.cfg.loss, backend.predict(p.data.x_val), None), proba,
                                atol=1e-5)
+    np.testing.assert_allclose(backend.predict(p.data.x_val), np.log(proba), atol=1e-4)  # predict --logits: log p
     np.testing.assert_allclose(exported(backend, p, tmp_path), proba, atol=1e-5)
+
+
+def test_defect_02_evaluate_and_predict_of_a_softmax_head_use_its_probabilities(tmp_path):
+    """The real paths after training (in-process, torch: hvtrain.train, hvtrain.evaluate and
+    hvtrain.predict): evaluate probes the loaded model as training did, so its val_loss is
+    training's, and predict's probabilities are the model's own."""
+    import hvtrain
+
+    cfg = config("torch_softmax")
+    cfg["train"]["epochs"] = 3
+    s = hvtrain.train(cfg, output_dir=str(tmp_path), quiet=True)
+    assert s["val_loss"] < 0.3, s
+    e = hvtrain.evaluate(cfg, str(tmp_path / "final.safetensors"), output_dir=str(tmp_path / "eval"))
+    assert e["val_loss"] == pytest.approx(s["val_loss"], rel=1e-5) and e["val_accuracy"] == s["val_accuracy"]
+    from sklearn.datasets import load_digits
+
+    p = hvtrain.predict(cfg, str(tmp_path / "final.safetensors"), load_digits().data[:100].astype(np.float32))
+    assert p.max(axis=1).mean() > 0.85 and np.mean(p.argmax(axis=1) == load_digits().target[:100]) > 0.9
 
 
 def test_defect_02_keras_applications_default_softmax_classifier_is_scored_on_its_probabilities():
@@ -169,6 +188,7 @@ def test_defect_03_squeezed_binary_logit_trains():
     backend, p = built("torch_squeezed_binary", CANCER, "binary_cross_entropy", lr=0.01)
     fit(backend, p, 3)
     assert backend.predict(p.data.x_val).shape == (len(p.data.y_val), 1)
+    assert backend.output_form().flat
     assert np.mean((backend.predict(p.data.x_val)[:, 0] > 0) == p.data.y_val) > 0.9
 
 
@@ -202,6 +222,20 @@ def get_tensor(backend_name: str):
     return tf.constant
 
 
+def test_contract_per_class_sigmoids_with_cross_entropy_are_undone_to_their_scores():
+    """A final sigmoid under cross_entropy (a multi-label head on single-label data): its
+    probabilities are turned back into the pre-sigmoid scores, which the softmax cross-entropy
+    trains (a softmax of sigmoid outputs would squash them, as the double softmax did)."""
+    backend, p = built("torch_sigmoid", features=64, outputs=10, lr=0.01)
+    assert backend.output_form().undo == "sigmoid"
+    fit(backend, p, 3)
+    y = p.data.y_val
+    z = np.log(native(backend, p.data.x_val)) - np.log1p(-native(backend, p.data.x_val))
+    own = float(np.sum(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]))
+    assert val_loss_sum(backend, p) == pytest.approx(own, rel=1e-4)
+    assert np.mean(backend.predict(p.data.x_val).argmax(axis=1) == y) > 0.9
+
+
 @pytest.mark.parametrize("model", ["torch_dict_logits", "keras_dict_logits", "torch_lazy"])
 def test_contract_dict_logits_and_lazy_modules_train(model):
     """A module returning {'logits': ...} (a Hugging Face ModelOutput is an OrderedDict like this
@@ -219,6 +253,13 @@ def test_contract_dict_logits_and_lazy_modules_train(model):
      r"returns a mapping with keys \['scores'\]; hvtrain reads the scores from a 'logits' entry"),
     ("torch_softmax", DIGITS, "cross_entropy", {"dim": 0}, r"ends in a softmax whose rows do not sum to 1"),
     ("keras_softmax_one_unit", CANCER, "binary_cross_entropy", {}, r"ends in a softmax over its one output"),
+    ("torch_log_softmax", DIGITS, "cross_entropy", {"dim": 0}, r"ends in a log_softmax whose rows are not "
+                                                                r"log-probabilities"),
+    ("torch_log_softmax", CANCER, "binary_cross_entropy", {"features": 30, "classes": 1},
+     r"ends in a log_softmax over its one output"),
+    ("torch_odd", DIGITS, "cross_entropy", {"what": "rank3"},
+     r"returns scores of shape \[64, 1, 10\] for a probe batch of 64 samples"),
+    ("torch_odd", DIGITS, "cross_entropy", {"what": "nan"}, r"returns non-finite scores \(nan/inf\)"),
     ("torch_squeezed_regressor", DIGITS, "cross_entropy", {"features": 64},
      r"returns scores of shape \[64\] for a probe batch of 64 samples; loss cross_entropy needs \[64, 10\]"),
     ("torch_mlp_wide", DIGITS, "cross_entropy", {}, r"outputs 12 values per sample; loss cross_entropy needs one "
@@ -260,8 +301,8 @@ def test_defect_11_unbuilt_keras_models_build_on_the_data_and_train_save_predict
     np.testing.assert_allclose(exported(backend, p, tmp_path), want, atol=1e-5)
 
 
-@pytest.mark.parametrize("model, kwargs", [("torch_token_ids", {}), ("keras_token_ids", {}),
-                                           ("keras_token_ids", {"declared": False})])
+@pytest.mark.parametrize("model, kwargs", [("torch_token_ids", {}), ("torch_token_ids", {"cast": True}),
+                                           ("keras_token_ids", {}), ("keras_token_ids", {"declared": False})])
 def test_defect_22_token_id_entrypoint_models_are_fed_int64_ids_and_train(model, kwargs):
     """Defect: a torch nn.Embedding model got float32 inputs (torch raises on float indices); a
     Keras model with keras.Input(dtype='int64') got float32 rows against its int64 step signature
@@ -285,17 +326,20 @@ def test_defect_22_token_ids_refuse_normalisation_and_ids_past_the_embedding(mod
     with pytest.raises(ConfigError, match=r"model\.entrypoint: .*: its embedding has 20 rows, the data holds token "
                                           r"id 49"):
         built(model, TOKENS, vocab=20)
+    with pytest.raises(ConfigError, match=r"reads token ids .*, but the data's features are not non-negative whole"):
+        built(model, {**CANCER, "normalize": "none"}, **({"length": 30} if model.startswith("keras") else {}))
 
 
-def test_defect_22_binary_cross_entropy_on_one_class_is_refused_before_training():
+@pytest.mark.parametrize("loss", ["binary_cross_entropy", "cross_entropy"])
+def test_defect_22_classification_on_one_class_is_refused_before_training(loss):
     """Defect: binary_cross_entropy on data whose labels are all one class trained, and predict's
     labels then indexed classes[1] of a one-class list (IndexError). One class has nothing to tell
     apart: refused at `loss`, naming the class, before any framework starts."""
     from hvtrain.session import prepare
 
-    cfg = config("torch_sigmoid", {"entrypoint": f"{FIXTURE}:one_class_data", "batch_size": 16},
-                 "binary_cross_entropy", features=4)
-    with pytest.raises(ConfigError, match=r"loss: binary_cross_entropy needs 2 classes, the dataset has 1 \(label 1\)"):
+    cfg = config("torch_sigmoid", {"entrypoint": f"{FIXTURE}:one_class_data", "batch_size": 16}, loss, features=4)
+    need = "2" if loss == "binary_cross_entropy" else "at least 2"
+    with pytest.raises(ConfigError, match=rf"loss: {loss} needs {need} classes, the dataset has 1 \(label 1\)"):
         prepare(cfg)
 
 
