@@ -316,6 +316,24 @@ def test_defect_22_token_id_entrypoint_models_are_fed_int64_ids_and_train(model,
     assert backend.native_inputs().token_ids and backend.native_inputs().vocabulary == 50
 
 
+def test_defect_22_token_id_model_trains_predicts_and_exports_on_int64_ids(tmp_path):
+    """The real paths (in-process, torch): the weights' inputs record says int64, so hvtrain.predict
+    feeds the ids as ids and the TorchScript export takes int64 rows (verified by hvtrain export)."""
+    import hvtrain
+    from hvtrain.export import export_model
+    from tests.fixtures.user_models import token_data
+
+    cfg = config("torch_token_ids", TOKENS, lr=0.01)
+    cfg["train"]["epochs"] = 6
+    s = hvtrain.train(cfg, output_dir=str(tmp_path), quiet=True)
+    weights = str(tmp_path / "final.safetensors")
+    x, y = token_data()
+    labels = hvtrain.predict(cfg, weights, x[:200], kind="labels")
+    assert np.mean(labels == y[:200]) > 0.8 and s["val_accuracy"] > 0.8, s
+    done = export_model(cfg, weights, "torchscript", str(tmp_path / "model.pt"))
+    assert done["input"]["dtype"] == "int64" and done["max_difference"] <= 1e-4
+
+
 @pytest.mark.parametrize("model", ["torch_token_ids", "keras_token_ids"])
 def test_defect_22_token_ids_refuse_normalisation_and_ids_past_the_embedding(model):
     """Token ids standardised into other ids (Keras would cast them back to ints silently), or ids
