@@ -127,8 +127,10 @@ def decide_form(cfg: Config, got: Returned, rows: int, num_outputs: int) -> Outp
                                            f"{rows} samples; loss {cfg.loss} needs {want}){extra}")
     s = s.reshape(rows, -1)
     if s.shape[1] != num_outputs:
+        hint = " (two class scores are loss cross_entropy's)" if cfg.loss == "binary_cross_entropy" and \
+            s.shape[1] == 2 else ""
         raise cfg.fail("model.entrypoint", f"{name} outputs {s.shape[1]} values per sample; loss {cfg.loss} "
-                                           f"needs {needs(cfg, num_outputs)}")
+                                           f"needs {needs(cfg, num_outputs)}{hint}")
     if not np.all(np.isfinite(s)):
         raise cfg.fail("model.entrypoint", f"{name} returns non-finite scores (nan/inf) on a probe batch of "
                                            f"{rows} training samples, before any training")

@@ -257,6 +257,9 @@ def test_contract_dict_logits_and_lazy_modules_train(model):
                                                                 r"log-probabilities"),
     ("torch_log_softmax", CANCER, "binary_cross_entropy", {"features": 30, "classes": 1},
      r"ends in a log_softmax over its one output"),
+    ("torch_softmax", CANCER, "binary_cross_entropy", {"features": 30, "classes": 2},
+     r"outputs 2 values per sample; loss binary_cross_entropy needs one logit \(two class scores are loss "
+     r"cross_entropy's\)"),
     ("torch_odd", DIGITS, "cross_entropy", {"what": "rank3"},
      r"returns scores of shape \[64, 1, 10\] for a probe batch of 64 samples"),
     ("torch_odd", DIGITS, "cross_entropy", {"what": "nan"}, r"returns non-finite scores \(nan/inf\)"),
