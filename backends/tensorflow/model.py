@@ -7,6 +7,9 @@ shapes checked.
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
+
 import keras
 import numpy as np
 
@@ -67,6 +70,7 @@ def to_native(spec: ModelSpec | None, model: keras.Model, weights: dict[str, np.
     """
     if spec is None:
         by_path = {v.path: v for v in model.variables if "seed_generator" not in v.path}
+        weights = same_model_names(weights, list(by_path))
         check_native_names(by_path, {k: tuple(v.shape) for k, v in by_path.items()}, weights)
         for name, value in weights.items():
             by_path[name].assign(value)
@@ -75,6 +79,48 @@ def to_native(spec: ModelSpec | None, model: keras.Model, weights: dict[str, np.
     for layer, native, w in zip(spec.layers, native_layers(model, spec.layers), per_layer(spec, weights),
                                 strict=True):
         layer_to_native(layer, native, w)
+
+
+_COUNTED = re.compile(r"^(.*?)(?:_(\d+))?$")
+
+
+def same_model_names(weights: dict[str, np.ndarray], paths: list[str]) -> dict[str, np.ndarray]:
+    """`weights` keyed by `paths` when they name the same model built again in this process.
+
+    Keras names a layer or model it was not given a name for by a per-process counter
+    (`sequential/dense/kernel`, then `sequential_1/dense_2/kernel` for a second build): weights
+    saved by hvtrain.train would not load into the model hvtrain.predict or evaluate builds next
+    in the same Python process. Both sides' counters are renumbered in order of appearance
+    (a counted name's n-th value per base name); when that makes them the same names, one to one,
+    the keys are translated. Otherwise `weights` come back as given (and the name check says
+    what differs).
+    """
+    if set(weights) == set(paths):
+        return weights
+    mine, theirs = _renumbered(paths), _renumbered(list(weights))
+    if len(set(mine.values())) != len(mine) or len(set(theirs.values())) != len(theirs) \
+            or set(mine.values()) != set(theirs.values()):
+        return weights
+    path_of = {canonical: path for path, canonical in mine.items()}
+    return {path_of[theirs[name]]: value for name, value in weights.items()}
+
+
+def _renumbered(paths: list[str]) -> dict[str, str]:
+    """path -> the path with each `name_N` component's counter replaced by its rank among the
+    counters of that base name in `paths` (no counter ranks first, as Keras's first name has none)."""
+    counters: dict[str, set[int]] = defaultdict(set)
+    for path in paths:
+        for part in path.split("/"):
+            base, n = _COUNTED.match(part).groups()
+            counters[base].add(-1 if n is None else int(n))
+    rank = {(base, n): i for base, ns in counters.items() for i, n in enumerate(sorted(ns))}
+
+    def renumber(part: str) -> str:
+        base, n = _COUNTED.match(part).groups()
+        i = rank[base, -1 if n is None else int(n)]
+        return base if i == 0 else f"{base}_{i}"
+
+    return {path: "/".join(renumber(part) for part in path.split("/")) for path in paths}
 
 
 def from_native(spec: ModelSpec | None, model: keras.Model) -> dict[str, np.ndarray]:
