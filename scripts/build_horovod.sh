@@ -26,6 +26,12 @@
 #      horovodrun --gloo exited 143 whatever the ranks did. Horovod ends them through
 #      its events, never by SIGTERM; hvtrain's ranks install their own handler, so
 #      they still take it (a command without one ignores it: SIGKILL 5 s later).
+#   7. the same file, terminate_executor_shell_and_children (the middleman ending its
+#      command, e.g. on horovodrun --gloo's SIGTERM): it froze the shell (SIGSTOP) even
+#      when every command had ended, and reaped it with psutil's wait, racing the
+#      middleman's own subprocess wait: a pre-empted job's 75 came out as 0 (the lost
+#      status) or 137 (the frozen shell SIGKILLed). Now the shell is frozen only while a
+#      command is still alive, and waited for without reaping (runner_patch.py).
 # cmake 4 needs CMAKE_POLICY_VERSION_MINIMUM=3.5 for Horovod's bundled projects.
 #
 # The wheel is cached under ${HVTRAIN_CACHE_DIR:-~/.cache/hvtrain}/horovod/<key>/,
@@ -60,7 +66,7 @@ script_hash=$(cat "${BASH_SOURCE[0]}" "$here/runner_patch.py" | sha256sum | cut 
 key="hvd${HVD_VERSION}-${versions}-${mpi_version}-${script_hash}"
 cache_dir="$cache_root/horovod/$key"
 
-patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 and 5, checked
+patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 to 7, checked
   cp "$here/runner_patch.py" "$1/hvtrain_patch.py"
   patch_file "$1/mpi_run.py" \
     "s|^        os.execve('/bin/sh', \['/bin/sh', '-c', mpirun_command\], env)$|        from horovod.runner.hvtrain_patch import run_mpirun; sys.exit(run_mpirun(mpirun_command, env))|" \
@@ -74,6 +80,12 @@ patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 and 5, checked
   patch_file "$1/common/util/safe_shell_exec.py" \
     "s|^    os.setsid()$|&\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # hvtrain's patch: edit 6|" \
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # hvtrain"
+  patch_file "$1/common/util/safe_shell_exec.py" \
+    "s|^        p.send_signal(signal.SIGSTOP)$|        if alive: p.send_signal(signal.SIGSTOP)  # hvtrain's patch: edit 7|" \
+    "if alive: p.send_signal(signal.SIGSTOP)"
+  patch_file "$1/common/util/safe_shell_exec.py" \
+    "s|^        p.wait(timeout=GRACEFUL_TERMINATION_TIME_S)$|        from horovod.runner.hvtrain_patch import wait_unreaped; wait_unreaped(p, GRACEFUL_TERMINATION_TIME_S)|" \
+    "wait_unreaped(p, GRACEFUL_TERMINATION_TIME_S)"
 }
 
 wheel=$(ls "$cache_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)

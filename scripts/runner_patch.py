@@ -1,5 +1,5 @@
 """hvtrain's patch to Horovod's launcher, installed as horovod/runner/hvtrain_patch.py by
-scripts/build_horovod.sh (edits 4 and 5; the wheel's cache key hashes this file too).
+scripts/build_horovod.sh (edits 4 to 7; the wheel's cache key hashes this file too).
 
 Unpatched, `horovodrun` (MPI) exec'd `/bin/sh -c "mpirun ..."` over itself. Slurm's pre-emption
 sends SIGTERM to every process of the job at once: sh died of it (exit 143: no requeue), and
@@ -67,3 +67,22 @@ def exit_as(name, exit_code):
     print(f'horovodrun: process {name} exited first, with status {code}; exiting with it',
           file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+def wait_unreaped(process, timeout):
+    """Wait up to `timeout` s for `process` (a psutil.Process, the middleman's shell) to end without
+    reaping it: the middleman's main thread reaps it (subprocess's wait) and needs its exit status;
+    psutil's wait took it first (Popen.wait then returned 0). Raises psutil.TimeoutExpired."""
+    import time
+
+    import psutil
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise psutil.TimeoutExpired(timeout, process.pid)
