@@ -70,7 +70,7 @@ def to_native(spec: ModelSpec | None, model: keras.Model, weights: dict[str, np.
     """
     if spec is None:
         by_path = {v.path: v for v in model.variables if "seed_generator" not in v.path}
-        weights = same_model_names(weights, list(by_path))
+        weights = _same_model_names(weights, list(by_path))
         check_native_names(by_path, {k: tuple(v.shape) for k, v in by_path.items()}, weights)
         for name, value in weights.items():
             by_path[name].assign(value)
@@ -84,7 +84,7 @@ def to_native(spec: ModelSpec | None, model: keras.Model, weights: dict[str, np.
 _COUNTED = re.compile(r"^(.*?)(?:_(\d+))?$")
 
 
-def same_model_names(weights: dict[str, np.ndarray], paths: list[str]) -> dict[str, np.ndarray]:
+def _same_model_names(weights: dict[str, np.ndarray], paths: list[str]) -> dict[str, np.ndarray]:
     """`weights` keyed by `paths` when they name the same model built again in this process.
 
     Keras names a layer or model it was not given a name for by a per-process counter
