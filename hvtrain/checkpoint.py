@@ -296,9 +296,7 @@ class CheckpointManager:
         if isinstance(header, HvtrainError):
             raise header
         self.run_id = header["run_id"]
-        if "meta" not in header:
-            if resume:
-                self.reporter.notice(f"resume: no checkpoint in {self.reporter.out_dir}; starting from scratch")
+        if "meta" not in header:  # (the loop says what --resume then does)
             return None
         meta = header["meta"]
         same_world = meta["world_size"] == info.size

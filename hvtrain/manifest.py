@@ -27,8 +27,16 @@ LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "horovodrun", "srun", "j
 JOB_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "PBS_JOBID", "LSB_JOBID")
 
 
-def config_hash(cfg: Config) -> str:
-    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+def config_hash(cfg: Config, without: tuple[str, ...] = ()) -> str:
+    """The config's hash; `without` leaves top-level keys out (output_dir: the same run named by a
+    relative or an absolute path)."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in without}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def training_hash(cfg: Config) -> str:
+    """What summary.json records of the config that trained it (config_hash without output_dir)."""
+    return config_hash(cfg, without=("output_dir",))
 
 
 def launcher() -> dict[str, Any]:

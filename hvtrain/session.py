@@ -305,10 +305,10 @@ class Session:
 
             from hvtrain.elastic import Elastic
 
-            write_manifest(cfg, rt, reporter, [socket.gethostname()], [list(affinity())])
+            run.manifest = lambda: write_manifest(cfg, rt, reporter, [socket.gethostname()], [list(affinity())])
             return fit(run, resume, Elastic(self.backend))
         places, listener, cpus = where_ranks_run(rt, listen=cfg.train.peer_timeout_s > 0)
-        write_manifest(cfg, rt, reporter, [place.host for place in places], cpus)
+        run.manifest = lambda: write_manifest(cfg, rt, reporter, [place.host for place in places], cpus)
         run.signals = signals
         if signals is not None:  # MPI_Init (inside hvd.init) replaced the handlers (measured)
             signals.rearm()

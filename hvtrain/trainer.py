@@ -23,6 +23,7 @@ from hvtrain.config import Config
 from hvtrain.data import Dataset, epoch_permutation, shard_batches, steps_per_epoch
 from hvtrain.errors import HvtrainError
 from hvtrain.loader import Prefetcher
+from hvtrain.manifest import training_hash
 from hvtrain.metrics import MetricSet
 from hvtrain.output import SCORES_FILE, Reporter
 from hvtrain.preempt import Preempted, StopSignals
@@ -102,6 +103,7 @@ class Run:
     stopped_early: bool = False  # train.max_steps ended the run before its last epoch's end
     signals: StopSignals | None = None  # SIGTERM/SIGUSR1 seen by this rank (pre-emption); None: not watched
     watchdog: Watchdog | None = None  # lost-host watchdog, told of every step (None: one rank, elastic, off)
+    manifest: Callable[[], None] | None = None  # writes manifest.json once the run trains (not for a finished one)
 
 
 def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, Any]:
@@ -121,7 +123,12 @@ def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, A
         raise HvtrainError(f"--resume {resume}: no checkpoint to continue, and model.init_from "
                            f"({run.cfg.model.init_from}) was not read because checkpoint files were there; start "
                            "without --resume to begin from init_from")
+    if resume == "auto" and resumed is None:
+        kept = _finished_without_checkpoints(run)
+        if kept is not None:
+            return kept
     if resume and resumed is None:
+        run.reporter.notice(f"resume: no checkpoint in {run.reporter.out_dir}; starting from scratch")
         run.reporter.truncate_metrics(0)  # nothing to continue: a fresh history, not the old one's tail
     if resumed is not None:
         run.steps.set_state(resumed.state, rng=resumed.rng)
@@ -133,6 +140,8 @@ def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, A
                 return kept
         else:  # (a finished run's cut epoch keeps its partial line)
             run.reporter.truncate_metrics(pos.epoch)
+    if run.manifest is not None:  # this run trains (or completes its outputs): its facts replace the last run's
+        run.manifest()
     if elastic is not None:
         result = elastic.run(run, pos, _epochs)
     else:
@@ -180,6 +189,22 @@ def _kept_results(run: Run, path: str, meta: dict[str, Any], pos: Position, resu
                            "train anew")
     reporter.notice(f"resume: {path} is the end of training ({end}): the run is finished and its results in "
                     f"{reporter.out_dir} are kept (raise train.epochs or train.max_steps to train on)")
+    return summary
+
+
+def _finished_without_checkpoints(run: Run) -> dict[str, Any] | None:
+    """`--resume auto` (a requeue script passes it every time) where no checkpoint is, because
+    this config writes none: when the directory holds the finished outputs of this same config
+    (summary.json with its training_hash, and final.safetensors), the run is finished and they are
+    kept (they used to be trained over from scratch); None otherwise (train anew, as before)."""
+    summary = run.reporter.read_json("summary.json")
+    final = run.reporter.modified(WEIGHTS_FILE) is not None
+    summary, final = run.runtime.broadcast_object((summary, final))
+    if summary is None or not final or summary.get("config_hash") != training_hash(run.cfg):
+        return None
+    run.reporter.notice(f"resume: no checkpoint in {run.reporter.out_dir}, but the run there finished on this config "
+                        "(summary.json, final.safetensors): its results are kept (this config writes no checkpoints to "
+                        "continue from: another config, or no --resume, trains anew)")
     return summary
 
 
@@ -389,7 +414,7 @@ def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any
         "data_wait_seconds": {"max": max(u[1] for u in usage), "rank0": usage[0][1]},
         **({"pipeline": {**layout, "ranks": per_rank}} if per_rank is not None else {}),
         **({"series": series_summary(run.data.series, result)} if run.data.series else {}),
-        **extra, "hvtrain_version": __version__,
+        **extra, "config_hash": training_hash(cfg), "hvtrain_version": __version__,
     }
     run.reporter.write_json("summary.json", summary)
     run.reporter.close()

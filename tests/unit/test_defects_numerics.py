@@ -255,6 +255,7 @@ def fit_loop(out: Path, *overrides: str, size: int = 1, resume: str | None = Non
     reporter = Reporter(rt.info, out, quiet=True, keep_metrics=resume is not None)
     steps = FakeSteps(metrics, replicas=size)
     run = Run(cfg, None, data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, None, None), metrics)
+    run.manifest = lambda: reporter.write_json("manifest.json", {"written_by_run_of": cfg.train.epochs})
     return fit(run, resume), steps
 
 
@@ -321,6 +322,23 @@ def test_defect_06_resume_auto_on_a_finished_run_keeps_its_results(tmp_path, cap
         in capsys.readouterr().out
     fewer, _ = fit_loop(tmp_path, "train.epochs=1", resume="auto")  # epochs already reached: the same
     assert fewer == first and outputs(tmp_path) == before
+
+
+def test_defect_06_resume_auto_on_a_finished_run_without_checkpoints_keeps_its_results(tmp_path, capsys):
+    """A config that writes no checkpoints, re-run by a requeue script with `--resume auto` after it
+    finished: there was nothing to resume, so it trained again from scratch over the finished
+    results. Now the same config's finished outputs (summary.json's config_hash, final.safetensors)
+    are kept, manifest.json too; another config (more epochs) trains anew, as without --resume."""
+    first, _ = fit_loop(tmp_path, "train.checkpoint_every=0")
+    manifest = tmp_path / "manifest.json"
+    before = {**outputs(tmp_path), "manifest": manifest.read_bytes() if manifest.exists() else None}
+    again, steps = fit_loop(tmp_path, "train.checkpoint_every=0", resume="auto")
+    assert steps.lrs == [] and again == first
+    assert {**outputs(tmp_path), "manifest": manifest.read_bytes()} == before
+    assert "but the run there finished on this config" in capsys.readouterr().out
+    more, steps = fit_loop(tmp_path, "train.checkpoint_every=0", "train.epochs=3", resume="auto")
+    assert len(steps.lrs) == 120 and more["val_loss"] == 120.0 and more["config_hash"] != first["config_hash"]
+    assert "starting from scratch" in capsys.readouterr().out
 
 
 def test_defect_06_a_resume_whose_max_steps_is_reached_stays_finished(tmp_path):
