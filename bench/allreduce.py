@@ -6,7 +6,7 @@ runs it, hvtrain.launch.horovodrun), the jobs alternating: hvtrain's path brings
 binding, raw MPI keeps MPI's defaults, so neither inherits the other's. Bus bandwidth = 2(n-1)/n
 x bytes / seconds per allreduce (nccl-tests' definition; n=2: bytes / time). Diagnostic jobs (once,
 in the first repetition) explain the differences: raw MPI with the MPI settings hvtrain makes
-(hvtrain.dist.mpi_env); the small-tensor model on hvtrain's path with HOROVOD_FUSION_THRESHOLD=0
+(hvtrain.runtime.knobs.mpi_env); the small-tensor model on hvtrain's path with HOROVOD_FUSION_THRESHOLD=0
 (Horovod unfused, to show what fusion buys); hvtrain's path with a 0.1 ms cycle (what the cycle
 wait costs), with Sum instead of Average (what the 1/size pass costs) and with both.
 """
@@ -19,9 +19,9 @@ import numpy as np
 from common import CONFIGS, PEERS, PY, all_met, bench_env, check, load_note, logger, med, peer_records, repeats
 from common import run as run_command
 
-from hvtrain.config import load_config
-from hvtrain.dist import mpi_env
+from hvtrain.config.load import load_config
 from hvtrain.launch.horovodrun import MODULE as HOROVODRUN
+from hvtrain.runtime.knobs import mpi_env
 
 NP = 2
 MIB = 1 << 20

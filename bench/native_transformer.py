@@ -13,8 +13,9 @@ import os
 import sys
 import time
 
-from hvtrain.config import load_config
-from hvtrain.data import epoch_permutation, load_dataset
+from hvtrain.config.load import load_config
+from hvtrain.data.batches import epoch_permutation
+from hvtrain.data.dataset import load_dataset
 
 CONFIG = "examples/digits_transformer.yaml"
 D, HEADS, KEY, HIDDEN, BLOCKS, CLASSES = 32, 4, 8, 64, 2, 10

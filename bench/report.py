@@ -23,7 +23,7 @@ PACKAGES = {"hvtrain": ("hvtrain",), "horovod": ("horovod",), "torch": ("torch",
             "numpy": ("numpy",), "mpi4py": ("mpi4py",)}
 
 
-def _first_line(argv: list[str]) -> str:
+def first_line(argv: list[str]) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=ROOT)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -60,7 +60,7 @@ def machine() -> dict[str, Any]:
                 continue
     bin_dir = Path(sys.executable).parent
     mpirun = str(bin_dir / "mpirun") if (bin_dir / "mpirun").exists() else "mpirun"
-    commit = _first_line(["git", "rev-parse", "--short", "HEAD"])
+    commit = first_line(["git", "rev-parse", "--short", "HEAD"])
     changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                              text=True, cwd=ROOT).stdout.strip()
     return {
@@ -69,7 +69,7 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
         "memory_gib": round(int(mem_kb) / 2**20, 1) if mem_kb.isdigit() else "unknown",
         "kernel": platform.release(), "os": pretty, "python": platform.python_version(),
-        "mpi": _first_line([mpirun, "--version"]), "versions": versions,
+        "mpi": first_line([mpirun, "--version"]), "versions": versions,
         "git_commit": commit + (" (with uncommitted changes)" if changed else ""),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "horovod_env_of_caller": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},

@@ -37,8 +37,8 @@ from common import (
     tool,
 )
 
-from hvtrain.config import load_config
-from hvtrain.dist import horovod_env, mpi_env
+from hvtrain.config.load import load_config
+from hvtrain.runtime.knobs import horovod_env, mpi_env
 
 KNOBBED = "hand-written, hvtrain's knobs"
 # model: (config, per-rank batch, steps per epoch per rank, epochs); the first epoch is warm-up
@@ -128,7 +128,7 @@ def run(quick: bool) -> dict:
             "ceiling: two one-rank `hvtrain train` runs of the per-rank workload started together, samples/s "
             "summed; '÷ ceiling' is each np=2 side's share of it.",
             f"'{KNOBBED}' (MLP np=2, no goal): the same hand-written loop with the environment hvtrain sets from its "
-            "config (hvtrain.dist.horovod_env + mpi_env: HOROVOD_* knobs, OpenMPI settings; not hvtrain's CPU "
+            "config (hvtrain.runtime.knobs.horovod_env + mpi_env: HOROVOD_* knobs, OpenMPI settings; not hvtrain's CPU "
             "binding, which it does in-process): hvtrain against it is the cost of hvtrain's loop and binding; it "
             "against the plain hand-written loop is the effect of those settings.",
             load_note({f"{k}/{side}": rs for k, runs in raw.items() for side, rs in runs.items()}),

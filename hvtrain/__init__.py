@@ -9,9 +9,9 @@ The Python API (hvtrain.api) is reached as `hvtrain.train`, `hvtrain.evaluate` a
 """
 
 from hvtrain.errors import ConfigError, DataError, HvtrainError
+from hvtrain.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["ConfigError", "DataError", "HvtrainError", "evaluate", "predict", "train"]
+__all__ = ["ConfigError", "DataError", "HvtrainError", "__version__", "evaluate", "predict", "train"]
 
 
 def __getattr__(name: str):

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from hvtrain import session
-from hvtrain.session import ConfigSource
+from hvtrain.runtime.experiment import ConfigSource
+from hvtrain.runtime import session
 
 
 def train(config: ConfigSource, *, backend: str | None = None, model: Callable[[], Any] | None = None,
@@ -26,7 +26,7 @@ def train(config: ConfigSource, *, backend: str | None = None, model: Callable[[
     """Train an experiment; returns what summary.json holds.
 
     Args:
-        config: a YAML path, a mapping with the YAML's keys, or a hvtrain.config.Config.
+        config: a YAML path, a mapping with the YAML's keys, or a hvtrain.config.schema.Config.
         backend: "torch" or "tensorflow" (overrides the config's).
         model: a callable returning a native torch.nn.Module / keras.Model, in place of
             model.layers or model.entrypoint (weights are saved under its native names).
@@ -65,7 +65,7 @@ def predict(config: ConfigSource, weights: str, x: Any, *, backend: str | None =
     Returns:
         every row's prediction, on every rank (on several ranks each predicts a share).
     """
-    from hvtrain.inference import predict_array
+    from hvtrain.tools.predict import predict_array
 
     return predict_array(config, weights, x, backend, overrides, model=model, data=data, kind=kind,
                          batch_size=batch_size)

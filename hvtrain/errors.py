@@ -25,3 +25,12 @@ class DataError(HvtrainError):
 
 class BackendUnavailable(HvtrainError):
     """The selected backend's framework or Horovod build is missing."""
+
+
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again later" (sbatch --requeue, or a wrapper, resubmits)
+
+
+class Preempted(HvtrainError):
+    """The job stopped on a signal after checkpointing; rank 0 already said where."""
+
+    exit_code = PREEMPTED_EXIT

@@ -17,17 +17,15 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from hvtrain.backend import Backend  # noqa: E402
-from hvtrain.config import Config  # noqa: E402
-from hvtrain.dist import ProcessInfo, default_threads  # noqa: E402
-from hvtrain.entrypoint import load_entrypoint  # noqa: E402
-from hvtrain.metrics import MetricSet  # noqa: E402
-from hvtrain.native import PLAIN, NativeInputs, OutputForm, check_reads, decide_form  # noqa: E402
-from hvtrain.runtime import Runtime, grouped_allreduce  # noqa: E402
-from hvtrain.spec import ModelSpec  # noqa: E402
-from hvtrain.weightfile import Inputs  # noqa: E402
+from hvtrain.backends.base import Backend, Collectives
+from hvtrain.config.schema import Config
+from hvtrain.launch.process import ProcessInfo, default_threads
+from hvtrain.metrics.suite import MetricSet
+from hvtrain.model.entrypoint import load_entrypoint
+from hvtrain.model.native import PLAIN, NativeInputs, OutputForm, check_reads, decide_form
+from hvtrain.model.spec import ModelSpec
+from hvtrain.model.weights import Inputs
 
-from .elastic import make_state  # noqa: E402
 from .export import export as export_model  # noqa: E402
 from .export import load as load_exported  # noqa: E402
 from .model import build_model, from_native, to_native  # noqa: E402
@@ -40,17 +38,10 @@ POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 class TensorFlowBackend(Backend):
     name = "tensorflow"
-    horovod_module = "horovod.tensorflow"
-    # A failed Horovod collective surfaces as one of these op errors.
-    collective_errors = (tf.errors.UnknownError, tf.errors.InternalError, tf.errors.AbortedError)
 
     def __init__(self) -> None:
         self.model: keras.Model | None = None
         self.spec: ModelSpec | None = None
-
-    @staticmethod
-    def as_tensor(values: np.ndarray) -> tf.Tensor:
-        return tf.constant(np.ascontiguousarray(values))
 
     def configure(self, cfg: Config, info: ProcessInfo, gpu: int | None) -> None:
         threads = cfg.train.threads or default_threads(info)
@@ -83,8 +74,7 @@ class TensorFlowBackend(Backend):
         return self.form
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int, runtime: Runtime, example: np.ndarray | None = None) -> None:
-        hvd = runtime.hvd
+              num_outputs: int, runtime: Collectives, example: np.ndarray | None = None) -> None:
         self.cfg, self.spec, self.runtime, self.num_outputs = cfg, spec, runtime, num_outputs
         self.form, self.native = PLAIN, NativeInputs(spec.integer_input) if spec is not None else None
         policy = POLICY.get(cfg.train.precision)
@@ -110,8 +100,8 @@ class TensorFlowBackend(Backend):
             self.optimizer.build(self.train_vars)
         if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
             # RNG (seed generator) states stay per rank, everything else comes from rank 0
-            hvd.broadcast_variables([v.value for v in self.model.variables if not is_rng(v)], root_rank=0)
-            hvd.broadcast_variables([v.value for v in self.optimizer.variables], root_rank=0)
+            runtime.horovod.broadcast([v for v in self.model.variables if not is_rng(v)])
+            runtime.horovod.broadcast(self.optimizer.variables)
         if spec is None:  # decided on the broadcast weights: the same on every rank
             x = example.astype(np.int64) if self.native.token_ids else example
             self.form = decide_form(cfg, returned(cfg, self.model, x), len(x), num_outputs)
@@ -120,13 +110,13 @@ class TensorFlowBackend(Backend):
         self.loss_fn = LOSSES[cfg.loss]
         self.skip_nan = cfg.train.on_nan == "skip"
         self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
-        self.compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
         self._compile()
 
     def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
                     outputs: tuple[int, ...], device: str, weights: dict[str, np.ndarray], replicas: int,
-                    runtime: Runtime, process_set: Any) -> TensorFlowStage:
-        return TensorFlowStage(runtime.hvd, cfg, spec, layers, sources, outputs, device, replicas, weights, process_set)
+                    runtime: Collectives, process_set: Any) -> TensorFlowStage:
+        return TensorFlowStage(runtime.horovod, cfg, spec, layers, sources, outputs, device, replicas, weights,
+                               process_set)
 
     # -- compiled steps ----------------------------------------------------------------------
     def _compile(self) -> None:
@@ -135,7 +125,7 @@ class TensorFlowBackend(Backend):
         y_sig = tf.TensorSpec((None, self.num_outputs) if regression else (None,),
                               tf.float32 if regression else tf.int64)
         w_sig = tf.TensorSpec((None,), tf.float32)
-        hvd, size = self.runtime.hvd, float(self.runtime.info.size)
+        horovod, size = self.runtime.horovod, float(self.runtime.info.size)
         distributed = self.runtime.info.size > 1
         scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
 
@@ -143,7 +133,7 @@ class TensorFlowBackend(Backend):
             with tf.GradientTape() as tape:
                 out = scores(self.form, self.model(x, training=training))
                 loss = tf.reduce_sum(self.loss_fn(out, y) * w)
-                total = loss * size  # Horovod averages; see hvtrain.data.Batch
+                total = loss * size  # Horovod averages; see hvtrain.data.batches.Batch
                 if scaled:
                     total = self.optimizer.scale_loss(total)
             grads = tape.gradient(total, [v.value for v in self.train_vars])
@@ -168,8 +158,7 @@ class TensorFlowBackend(Backend):
             local, loss = local_grads(x, y, w, training)
             grads = [acc + g for acc, g in zip(self.accum, local, strict=True)] if accumulating else local
             if distributed:
-                grads = grouped_allreduce(hvd, grads, self.cfg.horovod.num_groups, "hvtrain.grads", op=hvd.Average,
-                                          compression=self.compression)
+                grads = horovod.average(grads, self.cfg.horovod.num_groups, "hvtrain.grads", self.cfg.train.compression)
             if self.l2:  # L2 on the gradient; loss-scaled gradients get the term scaled alike
                 factor = self.l2 * (self.optimizer.dynamic_scale if scaled else 1.0)
                 grads = [g + factor * v.value for g, v in zip(grads, self.train_vars, strict=True)]
@@ -246,8 +235,11 @@ class TensorFlowBackend(Backend):
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
         load_training_state(state, self.model, self.optimizer, rng=rng)
 
-    def elastic_state(self, hvd: Any, counters: dict[str, Any]) -> Any:
-        return make_state(hvd, self.model, self.optimizer, counters)
+    def elastic_state(self, counters: dict[str, Any]) -> Any:
+        model, optimizer = self.model, self.optimizer
+        return self.runtime.horovod.elastic_state(
+            lambda: [v for v in model.variables if not is_rng(v)] + list(optimizer.variables),
+            lambda: [v for v in model.variables if is_rng(v)], counters)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return from_native(self.spec, self.model)

@@ -1,7 +1,7 @@
 """Exported Keras models: the model behind the raw-row normalisation and predict's output
 activation in one tf.function, written as a SavedModel (tf.saved_model.save, signature
 `serving_default`) or as ONNX (tf2onnx.convert.from_function), and a SavedModel reloaded for the
-verification (ONNX is run by onnxruntime in hvtrain.export)."""
+verification (ONNX is run by onnxruntime in hvtrain.tools.export)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvtrain.native import PLAIN, OutputForm
-from hvtrain.weightfile import Inputs
+from hvtrain.model.native import PLAIN, OutputForm
+from hvtrain.model.weights import Inputs
 
 from .native import scores
 
@@ -53,7 +53,7 @@ def _served(model: keras.Model, inputs: Inputs,
 
 
 def export(model: keras.Model, fmt: str, path: str, inputs: Inputs, form: OutputForm = PLAIN) -> None:
-    """Write `model` as `fmt` to `path` (a directory for savedmodel); `form` (hvtrain.native) turns an
+    """Write `model` as `fmt` to `path` (a directory for savedmodel); `form` (hvtrain.model.native) turns an
     entrypoint model's output into the logits the activation is applied to."""
     serve, _, signature = _served(model, inputs, form)
     if fmt == "savedmodel":

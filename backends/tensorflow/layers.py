@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from hvtrain.spec import LayerSpec
+from hvtrain.model.spec import LayerSpec
 
 
 class BatchNorm(keras.layers.BatchNormalization):

@@ -13,8 +13,8 @@ from collections import defaultdict
 import keras
 import numpy as np
 
-from hvtrain.entrypoint import check_native_names
-from hvtrain.spec import INPUT, LayerSpec, ModelSpec, check_weights, from_layers, per_layer
+from hvtrain.model.entrypoint import check_native_names
+from hvtrain.model.spec import INPUT, LayerSpec, ModelSpec, check_weights, from_layers, per_layer
 
 from .layers import build_layer
 

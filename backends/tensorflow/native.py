@@ -1,4 +1,4 @@
-"""An entrypoint Keras model against hvtrain's native-model contract (hvtrain.native): what it
+"""An entrypoint Keras model against hvtrain's native-model contract (hvtrain.model.native): what it
 reads and returns on the probe batch (the first call also builds a model that is not built yet:
 a subclassed keras.Model, a Sequential without keras.Input), and its output turned into logits."""
 
@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvtrain.config import Config
-from hvtrain.native import ACTIVATIONS, ONE_BELOW, TINY, NativeInputs, OutputForm, Returned
+from hvtrain.config.schema import Config
+from hvtrain.model.native import ACTIVATIONS, ONE_BELOW, TINY, NativeInputs, OutputForm, Returned
 
 
 def _run(cfg: Config, model: keras.Model, x: np.ndarray) -> Any:
@@ -29,7 +29,7 @@ def _run(cfg: Config, model: keras.Model, x: np.ndarray) -> Any:
 
 
 class _ReadsIds(Exception):
-    """An embedding was handed ids it has no row for: stop the call there (hvtrain.native.check_reads
+    """An embedding was handed ids it has no row for: stop the call there (hvtrain.model.native.check_reads
     says what is wrong)."""
 
 

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvtrain.config import Config
-from hvtrain.metrics import MetricSet, batch_stats
+from hvtrain.config.schema import Config
+from hvtrain.metrics.suite import MetricSet, batch_stats
 
 
 def _fits(out, y, width: int | None = None) -> None:
@@ -114,7 +114,7 @@ def make_optimizer(cfg: Config, model: keras.Model) -> keras.optimizers.Optimize
 def eval_sums(loss: str, out: np.ndarray, y: np.ndarray, metrics: MetricSet | None = None,
               index: np.ndarray | None = None) -> np.ndarray:
     """A batch's evaluation statistics: the loss summed by TensorFlow (the training objective), the
-    rest from the outputs by hvtrain.metrics. Without `metrics` (pipeline stages, for now): the head
+    rest from the outputs by hvtrain.metrics.suite. Without `metrics` (pipeline stages, for now): the head
     [loss, correct, squared error, absolute error]."""
     total = float(np.sum(LOSSES[loss](tf.constant(out), tf.constant(y)).numpy()))
     return batch_stats(loss, total, out, y, metrics, index)

@@ -28,11 +28,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvtrain.config import Config
-from hvtrain.metrics import MetricSet
-from hvtrain.placement.stage import StageEngine
-from hvtrain.runtime import grouped_allreduce
-from hvtrain.spec import INPUT, ModelSpec, per_layer
+from hvtrain.backends.stage import StageEngine
+from hvtrain.config.schema import Config
+from hvtrain.metrics.suite import MetricSet
+from hvtrain.model.spec import INPUT, ModelSpec, per_layer
 
 from .model import build_model, layer_from_native, layer_to_native, native_layers
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
@@ -41,10 +40,10 @@ POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 class TensorFlowStage(StageEngine):
-    def __init__(self, hvd: Any, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
+    def __init__(self, horovod: Any, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
                  outputs: tuple[int, ...], device: str, replicas: int, weights: dict[str, np.ndarray],
                  process_set: Any) -> None:
-        self.hvd, self.cfg, self.replicas, self.process_set = hvd, cfg, replicas, process_set
+        self.horovod, self.cfg, self.replicas, self.process_set = horovod, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = "/CPU:0" if device == "cpu" else f"/GPU:{device.split(':')[1]}"
         with tf.device(self.device):
@@ -102,10 +101,8 @@ class TensorFlowStage(StageEngine):
             unpipelined step does); whether all are finite, if asked."""
             grads = [acc.read_value() for acc in self.accum]
             if self.process_set is not None:
-                hvd = self.hvd
-                compression = hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else hvd.Compression.none
-                grads = grouped_allreduce(hvd, grads, self.cfg.horovod.num_groups, "hvtrain.stage_grads",
-                                          op=hvd.Average, compression=compression, process_set=self.process_set)
+                grads = self.horovod.average(grads, self.cfg.horovod.num_groups, "hvtrain.stage_grads",
+                                             self.cfg.train.compression, self.process_set)
             grads = [g * inv_scale for g in grads]
             if self.l2:
                 grads = [g + self.l2 * v for g, v in zip(grads, variables, strict=True)]

@@ -8,17 +8,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from hvtrain.backend import Backend
-from hvtrain.config import Config
-from hvtrain.dist import ProcessInfo, default_threads
-from hvtrain.entrypoint import load_entrypoint
-from hvtrain.metrics import MetricSet
-from hvtrain.native import PLAIN, NativeInputs, OutputForm, check_reads, decide_form
-from hvtrain.runtime import Runtime
-from hvtrain.spec import ModelSpec
-from hvtrain.weightfile import Inputs
+from hvtrain.backends.base import Backend, Collectives
+from hvtrain.config.schema import Config
+from hvtrain.launch.process import ProcessInfo, default_threads
+from hvtrain.metrics.suite import MetricSet
+from hvtrain.model.entrypoint import load_entrypoint
+from hvtrain.model.native import PLAIN, NativeInputs, OutputForm, check_reads, decide_form
+from hvtrain.model.spec import ModelSpec
+from hvtrain.model.weights import Inputs
 
-from .elastic import make_state
 from .export import export as export_model
 from .export import load as load_exported
 from .model import build_model, from_native, to_native
@@ -31,17 +29,12 @@ AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 class TorchBackend(Backend):
     name = "torch"
-    horovod_module = "horovod.torch"
 
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None
         self.spec: ModelSpec | None = None
         self.device = torch.device("cpu")
         self._loss_acc = torch.zeros((), dtype=torch.float64)
-
-    @staticmethod
-    def as_tensor(values: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.require(values, requirements=["C", "W"]))
 
     def configure(self, cfg: Config, info: ProcessInfo, gpu: int | None) -> None:
         torch.set_num_threads(cfg.train.threads or default_threads(info))
@@ -66,8 +59,7 @@ class TorchBackend(Backend):
         return self.form
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int, runtime: Runtime, example: np.ndarray | None = None) -> None:
-        hvd = runtime.hvd
+              num_outputs: int, runtime: Collectives, example: np.ndarray | None = None) -> None:
         self.cfg, self.spec, self.runtime = cfg, spec, runtime
         model = load_entrypoint(cfg, torch.nn.Module, "torch.nn.Module") if spec is None else build_model(spec)
         self.model = model.to(self.device)
@@ -80,14 +72,11 @@ class TorchBackend(Backend):
             self.set_weights(weights)
         self.optimizer = make_optimizer(cfg, self.model)
         if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
-            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+            runtime.horovod.broadcast_model(self.model, self.optimizer)
         if runtime.distributed:
-            compression = hvd.Compression.fp16 if cfg.train.compression == "fp16" else hvd.Compression.none
-            self.optimizer = hvd.DistributedOptimizer(
-                self.optimizer, named_parameters=self.model.named_parameters(), compression=compression,
-                backward_passes_per_step=cfg.train.grad_accumulation, op=hvd.Average,
-                num_groups=cfg.horovod.num_groups)
+            self.optimizer = runtime.horovod.distributed_optimizer(
+                self.optimizer, self.model, cfg.train.compression, cfg.train.grad_accumulation,
+                cfg.horovod.num_groups)
         if spec is None:  # decided on the broadcast weights: the same on every rank
             x = example.astype(np.int64) if self.native.token_ids else example
             self.form = decide_form(cfg, returned(cfg, self.model, x, self.device), len(x), num_outputs)
@@ -101,8 +90,8 @@ class TorchBackend(Backend):
 
     def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
                     outputs: tuple[int, ...], device: str, weights: dict[str, np.ndarray], replicas: int,
-                    runtime: Runtime, process_set: Any) -> TorchStage:
-        return TorchStage(runtime.hvd, cfg, spec, layers, sources, outputs, device, replicas, weights, process_set)
+                    runtime: Collectives, process_set: Any) -> TorchStage:
+        return TorchStage(runtime.horovod, cfg, spec, layers, sources, outputs, device, replicas, weights, process_set)
 
     # -- steps -----------------------------------------------------------------------------
     def set_lr(self, lr: float) -> None:
@@ -196,8 +185,8 @@ class TorchBackend(Backend):
     def set_state(self, state: dict[str, np.ndarray], rng: bool = True) -> None:
         load_training_state(state, self.model, self.optimizer, self.scaler, rng)
 
-    def elastic_state(self, hvd: Any, counters: dict[str, Any]) -> Any:
-        return make_state(hvd, self.model, self.optimizer, counters, self.scaler)
+    def elastic_state(self, counters: dict[str, Any]) -> Any:
+        return self.runtime.horovod.elastic_state(self.model, self.optimizer, counters, self.scaler)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return from_native(self.spec, self.model)

@@ -1,7 +1,7 @@
 """Exported torch models: the model behind the raw-row normalisation and predict's output
 activation, as ONNX (torch.onnx's dynamo exporter: torch.export, then onnxscript) or TorchScript
 (torch.jit.trace), and TorchScript reloaded for the verification (ONNX is run by onnxruntime in
-hvtrain.export)."""
+hvtrain.tools.export)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from hvtrain.native import PLAIN, OutputForm
-from hvtrain.weightfile import Inputs
+from hvtrain.model.native import PLAIN, OutputForm
+from hvtrain.model.weights import Inputs
 
 from .native import scores
 
@@ -60,7 +60,7 @@ class _Served(torch.nn.Module):
 
 def export(model: torch.nn.Module, fmt: str, path: str, inputs: Inputs, form: OutputForm = PLAIN) -> None:
     """Write `model` (not changed: a CPU copy in eval mode is exported) as `fmt` to `path`; `form`
-    (hvtrain.native) turns an entrypoint model's output into the logits the activation is applied to."""
+    (hvtrain.model.native) turns an entrypoint model's output into the logits the activation is applied to."""
     served = _Served(copy.deepcopy(model).cpu().float().eval(), inputs, form).eval()
     dtype = torch.from_numpy(np.zeros(0, inputs.transform.dtype)).dtype
     example = torch.zeros((2,) + tuple(inputs.features), dtype=dtype)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hvtrain.spec import LayerSpec
+from hvtrain.model.spec import LayerSpec
 
 _ACT = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "gelu": F.gelu,
         "softmax": lambda x: torch.softmax(x, dim=-1)}

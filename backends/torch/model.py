@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from hvtrain.entrypoint import check_native_names
-from hvtrain.spec import INPUT, LayerSpec, ModelSpec, check_weights, from_layers, per_layer
+from hvtrain.model.entrypoint import check_native_names
+from hvtrain.model.spec import INPUT, LayerSpec, ModelSpec, check_weights, from_layers, per_layer
 
 from .layers import build_layer
 

@@ -1,4 +1,4 @@
-"""An entrypoint torch model against hvtrain's native-model contract (hvtrain.native): what it
+"""An entrypoint torch model against hvtrain's native-model contract (hvtrain.model.native): what it
 reads and returns on the probe batch, and its output turned into logits (`scores`)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from hvtrain.config import Config
-from hvtrain.native import ACTIVATIONS, ONE_BELOW, TINY, NativeInputs, OutputForm, Returned
+from hvtrain.config.schema import Config
+from hvtrain.model.native import ACTIVATIONS, ONE_BELOW, TINY, NativeInputs, OutputForm, Returned
 
 EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 # Ops that pass an activation's values on unchanged in meaning (dtype, shape, a selection).
@@ -22,7 +22,7 @@ _PASSING = {"float", "to", "type", "contiguous", "clone", "squeeze", "unsqueeze"
 
 class _ReadsIds(Exception):
     """An embedding was handed the model's input as floats, or ids it has no row for: stop the
-    forward there (torch would raise; hvtrain.native.check_reads says what is wrong)."""
+    forward there (torch would raise; hvtrain.model.native.check_reads says what is wrong)."""
 
 
 def _run(cfg: Config, model: nn.Module, x: torch.Tensor) -> Any:

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from hvtrain.config import Config
-from hvtrain.metrics import MetricSet, batch_stats
-from hvtrain.statefile import decode_json, encode_json
+from hvtrain.config.schema import Config
+from hvtrain.io.statefile import decode_json, encode_json
+from hvtrain.metrics.suite import MetricSet, batch_stats
 
 
 def _fits(out: torch.Tensor, y: torch.Tensor, width: int | None = None) -> None:
@@ -62,7 +62,7 @@ def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer
 def eval_sums(loss: str, out: np.ndarray, y: np.ndarray, metrics: MetricSet | None = None,
               index: np.ndarray | None = None) -> np.ndarray:
     """A batch's evaluation statistics: the loss summed by torch (the training objective), the rest
-    from the outputs by hvtrain.metrics. Without `metrics` (pipeline stages, for now): the head
+    from the outputs by hvtrain.metrics.suite. Without `metrics` (pipeline stages, for now): the head
     [loss, correct, squared error, absolute error]."""
     total = LOSSES[loss](torch.from_numpy(out), torch.from_numpy(y)).sum().item()
     return batch_stats(loss, total, out, y, metrics, index)

@@ -8,11 +8,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hvtrain.config import Config
-from hvtrain.metrics import MetricSet
-from hvtrain.placement.stage import StageEngine
-from hvtrain.runtime import grouped_allreduce
-from hvtrain.spec import INPUT, ModelSpec, per_layer
+from hvtrain.backends.stage import StageEngine
+from hvtrain.config.schema import Config
+from hvtrain.metrics.suite import MetricSet
+from hvtrain.model.spec import INPUT, ModelSpec, per_layer
 
 from .model import build_model, layer_from_native, layer_to_native
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
@@ -25,10 +24,10 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
 
 
 class TorchStage(StageEngine):
-    def __init__(self, hvd: Any, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
+    def __init__(self, horovod: Any, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
                  outputs: tuple[int, ...], device: str, replicas: int, weights: dict[str, np.ndarray],
                  process_set: Any) -> None:
-        self.hvd, self.cfg, self.replicas, self.process_set = hvd, cfg, replicas, process_set
+        self.horovod, self.cfg, self.replicas, self.process_set = horovod, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = torch.device("cpu" if device == "cpu" else f"cuda:{device.split(':')[1]}")
         self.module = build_model(spec, None, sources, outputs, self.layers)
@@ -116,11 +115,8 @@ class TorchStage(StageEngine):
     def reduce_gradients(self, inv_scale: float = 1.0, check_finite: bool = True) -> bool:
         params = self._params()
         if self.process_set is not None:
-            hvd = self.hvd
-            compression = hvd.Compression.fp16 if self.cfg.train.compression == "fp16" else hvd.Compression.none
-            reduced = grouped_allreduce(hvd, [p.grad for p in params], self.cfg.horovod.num_groups,
-                                        "hvtrain.stage_grads", op=hvd.Average, compression=compression,
-                                        process_set=self.process_set)
+            reduced = self.horovod.average([p.grad for p in params], self.cfg.horovod.num_groups,
+                                           "hvtrain.stage_grads", self.cfg.train.compression, self.process_set)
             for p, g in zip(params, reduced, strict=True):
                 p.grad.copy_(g)
         if inv_scale != 1.0:

@@ -31,11 +31,11 @@ KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACI
          "BENCH_ALLREDUCE_OP")
 SMALL_TENSORS = 200  # 1-10 KiB each: the case tensor fusion exists for
 if SIDE == "hvtrain":
-    from hvtrain.config import load_config
-    from hvtrain.dist import mpi_env
+    from hvtrain.config.load import load_config
+    from hvtrain.runtime.knobs import mpi_env
 
     CFG = load_config(CONFIGS / "mlp.yaml")
-    os.environ.update(mpi_env(CFG.horovod))  # before MPI starts, as hvtrain.session does
+    os.environ.update(mpi_env(CFG.horovod))  # before MPI starts, as hvtrain.runtime.session does
 from mpi4py import MPI  # noqa: E402
 
 comm = MPI.COMM_WORLD
@@ -66,12 +66,12 @@ def hvtrain_reducer():
     """arrays -> a call that reduces them all the way hvtrain's torch gradient path does."""
     import torch
 
-    from hvtrain.runtime import Runtime
+    from hvtrain.runtime.horovod import Runtime
 
-    runtime = Runtime("horovod.torch", torch.from_numpy)
+    runtime = Runtime("torch")
     info = runtime.init(CFG.horovod, elastic=False, cpu_binding=CFG.train.cpu_binding)
     torch.set_num_threads(1)
-    hvd = runtime.hvd
+    import horovod.torch as hvd  # the peer job: Horovod itself, under hvtrain's runtime settings
     # BENCH_ALLREDUCE_OP=sum (a diagnostic): without Average's pass that scales the result by 1/size
     op = hvd.Sum if os.environ.get("BENCH_ALLREDUCE_OP") == "sum" else hvd.Average
 

@@ -6,15 +6,15 @@ import sys
 
 import click
 
-from hvtrain import __version__
 from hvtrain.errors import HvtrainError
+from hvtrain.version import __version__
 
 
 class _Group(click.Group):
     """Maps HvtrainError to one line on stderr and its exit code (2): no traceback."""
 
     def invoke(self, ctx: click.Context):
-        from hvtrain.preempt import Preempted
+        from hvtrain.errors import Preempted
 
         try:
             return super().invoke(ctx)
@@ -28,7 +28,7 @@ class _Group(click.Group):
 def _report_error(message: str) -> None:
     # Under a launcher every rank speaks for itself: the rank whose input is bad (a file missing
     # on its node) says so, and exits non-zero, which ends the job.
-    from hvtrain.dist import launch_rank
+    from hvtrain.launch.process import launch_rank
 
     where = launch_rank()
     prefix = f"rank {where[0]} of {where[1]}: " if where and where[1] > 1 else ""

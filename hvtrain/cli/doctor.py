@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import click
 
-from hvtrain.backend import BACKENDS
+from hvtrain.backends.registry import BACKENDS
 
 
 @click.command()
@@ -10,7 +10,7 @@ from hvtrain.backend import BACKENDS
               help="The backend that must be able to run (exit 1 if not).")
 def doctor(backend: str) -> None:
     """Print the environment hvtrain runs in; fail when BACKEND cannot run."""
-    from hvtrain.doctor import collect
+    from hvtrain.tools.doctor import collect
 
     report = collect()
     for section, rows in report.sections.items():

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import click
 
-from hvtrain.backend import BACKENDS, EXPORT_FORMATS
+from hvtrain.backends.registry import BACKENDS, EXPORT_FORMATS
 
 
 @click.command()
@@ -25,7 +25,7 @@ def export(config: str, weights: str, fmt: str, output: str, backend: str | None
     `hvtrain predict` takes and giving what it gives; verified on the spot against the framework's
     predictions (max difference, relative above 1 in magnitude, <= 1e-4, else nothing is left at
     PATH and the command fails)."""
-    from hvtrain.export import export_model
+    from hvtrain.tools.export import export_model
 
     r = export_model(config, weights, fmt, output, backend, input_path, overrides)
     click.echo(f"exported {r['format']} ({r['backend']}) -> {r['path']}: input {r['input']['name']} "

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from hvtrain.config import Config
-    from hvtrain.scaling import Estimate, Network
+    from hvtrain.config.schema import Config
+    from hvtrain.tools.scaling import Estimate, Network
 
 MEASURED_STEPS = 10
 
@@ -50,7 +50,7 @@ def plan(config: str, np: int, overrides: tuple[str, ...], gbit: float | None, s
     """Print the pipeline plan of CONFIG on NP ranks (no training, no framework import), or with
     --network the estimated step time, efficiency and traffic of NP ranks (and powers of two below)."""
     from hvtrain.errors import BackendUnavailable
-    from hvtrain.session import prepare
+    from hvtrain.runtime.experiment import prepare
 
     if gbit is None:
         source = click.get_current_context().get_parameter_source
@@ -60,21 +60,21 @@ def plan(config: str, np: int, overrides: tuple[str, ...], gbit: float | None, s
                   if source(key) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise click.UsageError(f"{', '.join(given)}: only with --network GBIT")
-        from hvtrain.placement.plan import describe, make_plan
+        from hvtrain.pipeline.plan import describe, make_plan
 
         p = prepare(config, overrides=overrides)
         click.echo(describe(make_plan(p.cfg, p.spec, np), p.spec, p.cfg.data.batch_size))
         return
-    from hvtrain.scaling import Network, estimate_for_config
+    from hvtrain.tools.scaling import Network, estimate_for_config
 
     p = prepare(config, overrides=overrides)
     if p.cfg.pipelined:  # a bad world size fails before a measurement
-        from hvtrain.placement.plan import make_plan
+        from hvtrain.pipeline.plan import make_plan
 
         make_plan(p.cfg, p.spec, np)
     source, sizes = "given", None
     if step_ms is None:
-        from hvtrain.session import measure_step
+        from hvtrain.tools.measure import measure_step
 
         source = "measured"
         try:
@@ -100,7 +100,7 @@ def plan(config: str, np: int, overrides: tuple[str, ...], gbit: float | None, s
 
 
 def _table(cfg: Config, estimates: list[Estimate], net: Network, source: str) -> str:
-    from hvtrain.scaling import PER_GRADIENT_BACKENDS, horovod_knobs
+    from hvtrain.tools.scaling import PER_GRADIENT_BACKENDS, horovod_knobs
 
     first = estimates[0]
     cycle, fusion = horovod_knobs(cfg)

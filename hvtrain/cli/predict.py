@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import click
 
-from hvtrain.backend import BACKENDS
+from hvtrain.backends.registry import BACKENDS
 
 
 @click.command()
@@ -25,6 +25,6 @@ def predict(config: str, weights: str, input_path: str, output: str, logits: boo
             batch_size: int, backend: str | None, overrides: tuple[str, ...]) -> None:
     """Predict every row of --input with CONFIG's model and WEIGHTS, in input order; data parallel
     when launched on several ranks (rank 0 writes)."""
-    from hvtrain.inference import predict_files
+    from hvtrain.tools.predict import predict_files
 
     predict_files(config, weights, input_path, output, labels, logits, batch_size, backend, overrides)

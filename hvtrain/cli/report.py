@@ -10,7 +10,7 @@ import click
 def report(run_dir: str, out_dir: str | None) -> None:
     """Pictures of a training run (loss, metrics, confusion matrix, ROC curve, world size) and a
     report.md embedding them, from the files in RUN_DIR; imports no training framework."""
-    from hvtrain.report import write_report
+    from hvtrain.tools.report import write_report
 
     result = write_report(run_dir, out_dir)
     click.echo(f"report: {result['report']} ({', '.join(f'{k}.png' for k in result['figures']) or 'no pictures'})")

@@ -8,10 +8,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # noqa: E402
 from mpi4py import MPI  # noqa: E402,F401
 
-from hvtrain.backend import BACKENDS, get_backend  # noqa: E402
-from hvtrain.native import adopt_inputs, probe_batch  # noqa: E402
-from hvtrain.runtime import Runtime  # noqa: E402
-from hvtrain.session import prepare  # noqa: E402
+from hvtrain.backends.base import get_backend
+from hvtrain.backends.registry import BACKENDS
+from hvtrain.model.native import adopt_inputs, probe_batch
+from hvtrain.runtime.experiment import prepare
+from hvtrain.runtime.horovod import Runtime
 
 _runtimes: dict[str, Runtime] = {}
 
@@ -24,8 +25,8 @@ def backend_name(request):
 def runtime_for(name: str, cfg) -> Runtime:
     """Horovod initialised once per backend (size 1)."""
     if name not in _runtimes:
-        b = get_backend(name)
-        rt = Runtime(b.horovod_module, b.as_tensor, b.collective_errors)
+        get_backend(name)  # the framework imported first, as a session does
+        rt = Runtime(name)
         rt.init(cfg.horovod, elastic=False)
         _runtimes[name] = rt
     return _runtimes[name]

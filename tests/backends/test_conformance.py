@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hvtrain.backend import Backend
+from hvtrain.backends.base import Backend
 from hvtrain.errors import DataError
 from tests.backends.conftest import make_backend
 
@@ -54,8 +54,9 @@ def test_training_step_moves_weights_and_accumulates_loss(backend_name):
 
 
 def test_eval_sums_match_predictions(backend_name):
-    """The framework sums the loss; hvtrain.metrics sums the rest from the same outputs."""
-    from hvtrain.metrics import Metric, MetricSet
+    """The framework sums the loss; hvtrain.metrics.suite sums the rest from the same outputs."""
+    from hvtrain.metrics.names import Metric
+    from hvtrain.metrics.suite import MetricSet
 
     engine, p = make_backend(backend_name, CNN)
     x, y = p.data.x_val[:50], p.data.y_val[:50]

@@ -5,9 +5,9 @@ import copy
 import numpy as np
 import pytest
 
-from hvtrain.backend import get_backend
+from hvtrain.backends.base import get_backend
 from hvtrain.errors import DataError
-from hvtrain.session import prepare
+from hvtrain.runtime.experiment import prepare
 from tests.backends.conftest import make_backend, runtime_for
 
 BN = "tests/configs/bn_mlp.yaml"

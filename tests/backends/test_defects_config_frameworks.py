@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hvtrain.export import export_model
+from hvtrain.tools.export import export_model
 from tests.backends.conftest import make_backend
 from tests.unit.test_predict_inputs import write_config, write_weights
 

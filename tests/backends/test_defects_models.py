@@ -1,6 +1,6 @@
 """Issue 21, the native-model output contract (items 2, 3, 11 and parts of 22): entrypoint models
 written as their libraries' docs write them (tests.fixtures.user_models), built, trained and
-exported by the real backends in one process. What the contract is: hvtrain.native and the
+exported by the real backends in one process. What the contract is: hvtrain.model.native and the
 README's "The native-model output contract"."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from hvtrain.errors import ConfigError, HvtrainError
-from hvtrain.inference import convert
-from hvtrain.metrics import MetricSet, head_sums
-from hvtrain.weightfile import describe_inputs, inputs_from
+from hvtrain.metrics.suite import MetricSet, head_sums
+from hvtrain.model.weights import describe_inputs, inputs_from
+from hvtrain.tools.predict import convert
 from tests.backends.conftest import make_backend
 
 DIGITS = {"dataset": "sklearn:digits", "batch_size": 32}  # 64 features, 10 classes
@@ -323,7 +323,7 @@ def test_defect_22_token_id_model_trains_predicts_and_exports_on_int64_ids(tmp_p
     """The real paths (in-process, torch): the weights' inputs record says int64, so hvtrain.predict
     feeds the ids as ids and the TorchScript export takes int64 rows (verified by hvtrain export)."""
     import hvtrain
-    from hvtrain.export import export_model
+    from hvtrain.tools.export import export_model
     from tests.fixtures.user_models import token_data
 
     cfg = config("torch_token_ids", TOKENS, lr=0.01)
@@ -356,7 +356,7 @@ def test_defect_22_classification_on_one_class_is_refused_before_training(loss):
     """Defect: binary_cross_entropy on data whose labels are all one class trained, and predict's
     labels then indexed classes[1] of a one-class list (IndexError). One class has nothing to tell
     apart: refused at `loss`, naming the class, before any framework starts."""
-    from hvtrain.session import prepare
+    from hvtrain.runtime.experiment import prepare
 
     cfg = config("torch_sigmoid", {"entrypoint": f"{FIXTURE}:one_class_data", "batch_size": 16}, loss, features=4)
     need = "2" if loss == "binary_cross_entropy" else "at least 2"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hvtrain.backend import get_backend
+from hvtrain.backends.base import get_backend
 from tests.backends.conftest import make_backend
 
 MLP = "tests/configs/parity_mlp.yaml"
@@ -37,10 +37,10 @@ def one_stage_steps(backend_name: str, config: str, micro_batches: int, *overrid
 
     from mpi4py import MPI
 
-    from hvtrain.metrics import MetricSet
-    from hvtrain.placement.runner import PipelineSteps
-    from hvtrain.session import prepare
-    from hvtrain.spec import INPUT
+    from hvtrain.metrics.suite import MetricSet
+    from hvtrain.model.spec import INPUT
+    from hvtrain.pipeline.runner import PipelineSteps
+    from hvtrain.runtime.experiment import prepare
     from tests.backends.conftest import runtime_for
 
     p = prepare(config, backend=backend_name, overrides=[*overrides, "train.threads=0"])
@@ -60,7 +60,7 @@ def test_pipeline_fp16_skip_backs_off_the_loss_scale_and_learns(backend_name):
     """The same overflow through the pipeline path (PipelineSteps' LossScale and the stage's
     reduce/apply): the scale halves on every overflowed step, the update is skipped only then,
     and the stage learns. Checked for item 1: this path had no such defect."""
-    from hvtrain.data import Batch
+    from hvtrain.data.batches import Batch
 
     steps, p = one_stage_steps(backend_name, MLP, 2, "train.precision=fp16", "train.on_nan=skip",
                                "optimizer.lr=0.001")
@@ -79,7 +79,7 @@ def test_micro_batches_change_a_batchnorm_models_update(backend_name):
     """Why parallel.pipeline.micro_batches joined the resume compatibility keys: one step of the
     same 32 samples in 1 or 2 micro-batches gives another update with batchnorm (statistics per
     micro-batch), the same one without it (float rounding apart)."""
-    from hvtrain.data import Batch
+    from hvtrain.data.batches import Batch
 
     deltas = {}
     for config in (BN, MLP):
@@ -108,7 +108,7 @@ def test_defect_04_a_model_trains_on_float64_features_far_from_zero_and_predicts
     summary = hvtrain.train(cfg, data=(x, y), output_dir=str(tmp_path), quiet=True)
     assert summary["val_accuracy"] > 0.95, summary["val_accuracy"]
     labels = hvtrain.predict(cfg, str(tmp_path / "final.safetensors"), x, data=(x, y), kind="labels")
-    from hvtrain.session import prepare
+    from hvtrain.runtime.experiment import prepare
 
     val = prepare(cfg, data=(x, y)).data.val
     assert float(np.mean(labels[val.rows] == y[val.rows])) == summary["val_accuracy"]

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 import hvtrain
-from hvtrain.backend import EXPORT_FORMATS
+from hvtrain.backends.registry import EXPORT_FORMATS
 from hvtrain.cli import cli
-from hvtrain.export import ExportMismatch, export_model, onnx_runner, verify
-from hvtrain.inference import ArrayRows, load_model
+from hvtrain.tools.export import ExportMismatch, export_model, onnx_runner, verify
+from hvtrain.tools.predict import ArrayRows, load_model
 
 # every (format, exporting backend) the neutral table lists: a new backend or format is tested by default
 EXPORTS = [(fmt, backend) for backend, formats in EXPORT_FORMATS.items() for fmt in formats]
@@ -123,8 +123,8 @@ def test_verification_catches_other_weights(tmp_path, trained):
 def test_a_wrong_artefact_fails_the_command_and_is_removed(tmp_path, trained, monkeypatch, fmt, exporter):
     """The artefact really holds other weights (the exporter is handed another run's weights after
     the reference predictions were made): the command fails, exit 2, and nothing is at PATH."""
-    from hvtrain.backend import get_backend
-    from hvtrain.weightfile import read_weights
+    from hvtrain.backends.base import get_backend
+    from hvtrain.model.weights import read_weights
 
     cfg, weights = trained["torch"]
     wrong = read_weights(trained["other"][1]).weights
@@ -228,8 +228,8 @@ def test_a_forecaster_predicts_and_exports_in_the_series_units(tmp_path, trained
     those normalised values (~0 +- 1 for sunspot counts of 0..190) until the targets' shift and
     scale travelled in the weights' inputs record. Now predict's MAE on the raw validation windows
     is the run's own val MAE in sunspot units, and the export outputs the same forecasts."""
-    from hvtrain.config import load_config
-    from hvtrain.data import load_dataset
+    from hvtrain.config.load import load_config
+    from hvtrain.data.dataset import load_dataset
 
     cfg = {"name": "forecast", "backend": trained_by, "seed": 3,
            "data": {"dataset": "statsmodels:sunspots", "window": 16, "horizon": 1, "validation_split": 0.2,

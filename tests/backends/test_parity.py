@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from hvtrain.data import epoch_permutation, shard_batches
+from hvtrain.data.batches import epoch_permutation, shard_batches
 from tests.backends.conftest import make_backend
 
 MODELS = ["mlp", "cnn", "lstm", "gru", "catalogue_residual", "catalogue_sequence", "digits_resnet",
@@ -71,9 +71,9 @@ def test_dense_layout_matches_numpy_reference():
 
 
 def test_the_parity_configs_cover_the_whole_catalogue():
-    from hvtrain.config import load_config
-    from hvtrain.layers import LAYER_OPTIONS
-    from hvtrain.spec import build_spec
+    from hvtrain.config.load import load_config
+    from hvtrain.model.layers import LAYER_OPTIONS
+    from hvtrain.model.spec import build_spec
 
     seen = {layer.type for name in CATALOGUE + ["parity_lstm", "parity_gru"]
             for layer in build_spec(load_config(f"tests/configs/{name}.yaml")).layers}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import hvtrain
-from hvtrain.report import auc, roc_curve, write_report
-from hvtrain.session import prepare
+from hvtrain.runtime.experiment import prepare
+from hvtrain.tools.report import auc, roc_curve, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

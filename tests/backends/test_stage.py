@@ -6,10 +6,10 @@ never retrace."""
 import numpy as np
 import pytest
 
-from hvtrain.backend import get_backend
-from hvtrain.placement.schedule import stage_ops
-from hvtrain.session import prepare
-from hvtrain.spec import INPUT
+from hvtrain.backends.base import get_backend
+from hvtrain.model.spec import INPUT
+from hvtrain.pipeline.schedule import stage_ops
+from hvtrain.runtime.experiment import prepare
 from tests.backends.conftest import make_backend, runtime_for
 
 DROPOUT = "tests/configs/dropout_pipeline.yaml"  # dense 128, dropout, dense 64, dropout, dense 10

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from hvtrain.checkpoint import list_checkpoints, load, step_of
+from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import hvtrain, run, tool
 from tests.parallel.test_reliability import bitwise_equal
 

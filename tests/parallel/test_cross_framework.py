@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from hvtrain.session import load_weights as load_neutral
+from hvtrain.model.weights import load_weights as load_neutral
 from tests.conftest import hvtrain, run
 
 
@@ -37,8 +37,8 @@ def test_predictions_agree_across_frameworks(tmp_path):
     code = f"""
 import numpy as np, sys
 from mpi4py import MPI
-from hvtrain.session import prepare
-from hvtrain.session import Session
+from hvtrain.runtime.session import prepare
+from hvtrain.runtime.session import Session
 from safetensors.numpy import load_file
 w = load_file({str(tmp_path / 'final.safetensors')!r})
 preds = []

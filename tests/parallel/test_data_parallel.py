@@ -55,8 +55,8 @@ def test_two_ranks_equal_one_rank_with_double_batch(equiv_runs):
     diff = max_abs_diff(r["horovodrun"]["weights"], r["np1_b64"]["weights"])
     assert diff <= 1e-5, f"{backend}: np=2 x 32 vs np=1 x 64 differ by {diff}"
     # and training really moved the weights (the comparison is not vacuous)
-    from hvtrain.config import load_config
-    from hvtrain.spec import build_spec
+    from hvtrain.config.load import load_config
+    from hvtrain.model.spec import build_spec
     init = build_spec(load_config(EQUIV)).init_weights(7)
     assert max_abs_diff(init, r["np1_b64"]["weights"]) > 1e-2
 
@@ -179,8 +179,8 @@ train: {{epochs: 15}}
     if metric == "val_accuracy":
         assert s[metric] >= target, s
     else:  # regression: the error is a small fraction of the target's spread (variance for mse, std for mae)
-        from hvtrain.config import load_config
-        from hvtrain.data import load_dataset
+        from hvtrain.config.load import load_config
+        from hvtrain.data.dataset import load_dataset
 
         y = load_dataset(load_config(cfg)).y_val
         spread = float(np.var(y)) if metric == "val_mse" else float(np.std(y))

@@ -18,8 +18,8 @@ import psutil
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from hvtrain.checkpoint import list_checkpoints, load, step_of
-from hvtrain.preempt import PREEMPTED_EXIT
+from hvtrain.errors import PREEMPTED_EXIT
+from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
 from tests.parallel.test_preemption import preempted_step, start
 from tests.parallel.test_reliability import bitwise_equal

@@ -132,7 +132,7 @@ def test_rollback_continues_exactly_like_a_resume_from_that_commit(tmp_path, bac
     """Defect: after Horovod restored the state of commit k (a peer died mid-step), torch kept the
     .grad and TF the accumulator of the abandoned micro-batches. With grad_accumulation 2, the run
     that rolled back must end with the weights of a run resumed from a checkpoint taken at k."""
-    from hvtrain.checkpoint import list_checkpoints, load
+    from hvtrain.io.checkpoints import list_checkpoints, load
 
     script = tmp_path / "discover.sh"  # two hosts of one slot: the dead worker's host is blacklisted
     script.write_text("#!/bin/sh\nprintf 'localhost:1\\n127.0.0.1:1\\n'\n")

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from hvtrain.checkpoint import list_checkpoints
-from hvtrain.weightfile import read_weights
+from hvtrain.io.checkpoints import list_checkpoints
+from hvtrain.model.weights import read_weights
 from tests.conftest import hvtrain, run
 
 PRETRAIN = """name: pretrain

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from hvtrain.dist import best_autotuned, cpu_share, topology_key
+from hvtrain.config.autotune import best_autotuned
+from hvtrain.launch.process import cpu_share, topology_key
 from tests.conftest import hvtrain, run, run_env, tool
 from tests.parallel.test_reliability import bitwise_equal
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from hvtrain.checkpoint import list_checkpoints, load
-from hvtrain.config import load_config
-from hvtrain.manifest import config_hash
+from hvtrain.config.load import load_config
+from hvtrain.io.checkpoints import list_checkpoints, load
+from hvtrain.runtime.manifest import config_hash
 from tests.conftest import ROOT, hvtrain, run, tool
 
 

@@ -16,7 +16,7 @@ import pytest
 from scipy.special import expit, softmax
 from sklearn import metrics as skm
 
-from hvtrain.tbevents import tag
+from hvtrain.io.tensorboard import tag
 from tests.conftest import hvtrain, run, tensorboard_scalars, tool
 
 RUNS = {  # name: config, backend, launcher
@@ -30,8 +30,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 from safetensors.numpy import load_file
-from hvtrain.data import shard_eval
-from hvtrain.session import Session, prepare
+from hvtrain.data.dataset import shard_eval
+from hvtrain.runtime.session import Session, prepare
 for config, backend, out in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
     p = prepare(config, backend=backend)
     val = p.data.val

@@ -205,8 +205,8 @@ def test_sigterm_to_hvtrain_launch_across_hosts_checkpoints_and_resumes_bitwise(
     """Pre-emption across hosts: SIGTERM to `hvtrain launch` only; the ranks on both hosts stop at
     one step with a checkpoint (exit 75), and `--resume auto` ends bitwise where an uninterrupted
     run on the same hosts ends."""
-    from hvtrain.checkpoint import list_checkpoints, step_of
-    from hvtrain.preempt import PREEMPTED_EXIT
+    from hvtrain.errors import PREEMPTED_EXIT
+    from hvtrain.io.checkpoints import list_checkpoints, step_of
     from tests.parallel.test_preemption import preempted_step
     from tests.parallel.test_reliability import bitwise_equal
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from hvtrain.checkpoint import list_checkpoints, load, step_of
+from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
 from tests.parallel.test_reliability import bitwise_equal, kill_after_checkpoint
 

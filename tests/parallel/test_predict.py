@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from hvtrain.checkpoint import list_checkpoints
-from hvtrain.session import prepare
-from hvtrain.weightfile import read_weights
+from hvtrain.io.checkpoints import list_checkpoints
+from hvtrain.model.weights import read_weights
+from hvtrain.runtime.experiment import prepare
 from tests.conftest import hvtrain, run, tool
 
 CFG = """name: predict

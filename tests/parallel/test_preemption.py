@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hvtrain.checkpoint import list_checkpoints, load, step_of
-from hvtrain.preempt import PREEMPTED_EXIT
+from hvtrain.errors import PREEMPTED_EXIT
+from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import ROOT, hvtrain, run, run_env, tool
 from tests.parallel.test_reliability import bitwise_equal
 

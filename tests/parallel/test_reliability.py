@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvtrain.checkpoint import list_checkpoints, load, step_of
+from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
 
 SLOW = "tests/configs/slow_mlp.yaml"
@@ -177,7 +177,7 @@ def digits_npy_with_nan(directory: Path, row: int = 100) -> str:
 
 
 def row_at(position: int, seed: int = 1234, n: int = 1797, validation_split: float = 0.2) -> int:
-    """The raw row that is training sample `position` without shuffling (hvtrain.data's seeded split)."""
+    """The raw row that is training sample `position` without shuffling (hvtrain.data.dataset's seeded split)."""
     perm = np.random.default_rng([seed, 0xDA7A]).permutation(n)
     return int(perm[int(round(n * validation_split)):][position])
 

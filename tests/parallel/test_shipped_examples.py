@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from hvtrain.config import load_config
-from hvtrain.data import load_dataset, split_rows
-from hvtrain.text import load_corpus
+from hvtrain.config.load import load_config
+from hvtrain.data.dataset import load_dataset, split_rows
+from hvtrain.data.text import load_corpus
 from tests.conftest import ROOT, hvtrain, run
 
 

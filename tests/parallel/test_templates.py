@@ -10,8 +10,8 @@ import stat
 import subprocess
 import time
 
-from hvtrain.checkpoint import list_checkpoints
-from hvtrain.preempt import PREEMPTED_EXIT
+from hvtrain.errors import PREEMPTED_EXIT
+from hvtrain.io.checkpoints import list_checkpoints
 from tests.conftest import ROOT, run_env
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvtrain.checkpoint import list_checkpoints, step_of
+from hvtrain.io.checkpoints import list_checkpoints, step_of
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
 from tests.fixtures.user_data import generated
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hvtrain import checkpoint
 from hvtrain.errors import ConfigError
+from hvtrain.io import checkpoints as checkpoint
 
 
 def save(d, step, run_id="0123abcd", keep=5, config=None):

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from hvtrain.config import load_config, parse_override
+from hvtrain.config.load import load_config
+from hvtrain.config.yaml import parse_override
 from hvtrain.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ in a YAML file, the --set, or `<dict>`; never another exception. A few in-range 
 through the real CLI (one backend per example, tiny data, 1 epoch) or are refused in one line,
 never with a traceback.
 
-RANGES below is the test's own statement of each range (the oracle), not read from hvtrain.config:
+RANGES below is the test's own statement of each range (the oracle), not read from hvtrain.config.load:
 a numeric option added to the schema without an entry here fails the first test."""
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from hvtrain.config import Config, load_config, parse_override
+from hvtrain.config.load import load_config
+from hvtrain.config.schema import Config
+from hvtrain.config.yaml import parse_override
 from hvtrain.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,7 +278,7 @@ LAYER_DRAWS = {("dense", "units"): I(1), ("dropout", "rate"): F(0, 1, hi_open=Tr
 @given(st.sampled_from(sorted(LAYER_DRAWS)).flatmap(lambda k: st.tuples(st.just(k), st.one_of(numbers(LAYER_DRAWS[k]),
                                                                                                WRONG))))
 def test_a_drawn_layer_option_builds_or_is_one_located_config_error(tmp_path, draw):
-    from hvtrain.spec import build_spec
+    from hvtrain.model.spec import build_spec
 
     (kind, option), value = draw
     path = tmp_path / "c.yaml"

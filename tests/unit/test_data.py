@@ -3,8 +3,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvtrain.config import load_config
-from hvtrain.data import epoch_permutation, load_dataset, shard_batches, shard_eval, steps_per_epoch
+from hvtrain.config.load import load_config
+from hvtrain.data.batches import epoch_permutation, shard_batches, shard_eval, steps_per_epoch
+from hvtrain.data.dataset import load_dataset
 from hvtrain.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from hvtrain.cli import cli
-from hvtrain.config import load_config
+from hvtrain.config.load import load_config
 from hvtrain.errors import ConfigError
 from hvtrain.launch.scheduler import detect
 from tests.unit.test_predict_inputs import write_config, write_weights
@@ -116,7 +116,7 @@ def test_defect_13_output_dir_that_is_a_file_is_one_line_before_any_framework(tm
 
 def test_defect_13_output_dir_from_the_config_the_environment_or_the_default_is_located(tmp_path, a_file,
                                                                                         monkeypatch):
-    from hvtrain.session import check_output_dir, load_experiment
+    from hvtrain.runtime.experiment import check_output_dir, load_experiment
 
     monkeypatch.delenv("HVTRAIN_OUTPUT_DIR", raising=False)
     p = write(tmp_path, BASE + f"output_dir: {a_file}\n")

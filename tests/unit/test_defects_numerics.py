@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvtrain.config import load_config
-from hvtrain.data import load_dataset
+from hvtrain.config.load import load_config
+from hvtrain.data.dataset import load_dataset
 from hvtrain.errors import DataError
-from hvtrain.weightfile import describe_inputs, inputs_from
+from hvtrain.model.weights import describe_inputs, inputs_from
 from tests.conftest import hvtrain, run
 
 MODEL = {"input_shape": [2], "layers": [{"type": "dense", "units": 2}]}
@@ -162,10 +162,10 @@ def test_non_finite_values_in_every_other_source_kind_are_named(tmp_path):
 
 class FakeRuntime:
     """Rank 0's view of a world of `size` ranks whose other ranks agree with it: the collectives
-    hvtrain.runtime.Runtime has, without Horovod (the loop and the checkpoint manager are real)."""
+    hvtrain.runtime.horovod.Runtime has, without Horovod (the loop and the checkpoint manager are real)."""
 
     def __init__(self, size: int = 1) -> None:
-        from hvtrain.dist import ProcessInfo
+        from hvtrain.launch.process import ProcessInfo
 
         self.info, self.elastic = ProcessInfo(0, size), False
 
@@ -243,11 +243,12 @@ LOOP = {"name": "loop", "seed": 3, "data": {"dataset": "synthetic:classification
 
 
 def fit_loop(out: Path, *overrides: str, size: int = 1, resume: str | None = None) -> tuple[dict, FakeSteps]:
-    """hvtrain.trainer.fit on LOOP (or its overrides) with the fakes above, writing into `out`."""
-    from hvtrain.checkpoint import CheckpointManager
-    from hvtrain.metrics import MetricSet
-    from hvtrain.output import Reporter
-    from hvtrain.trainer import Run, fit
+    """hvtrain.train.loop.fit on LOOP (or its overrides) with the fakes above, writing into `out`."""
+    from hvtrain.io.reporter import Reporter
+    from hvtrain.metrics.suite import MetricSet
+    from hvtrain.train.checkpoint import CheckpointManager
+    from hvtrain.train.loop import fit
+    from hvtrain.train.run import Run
 
     cfg = load_config({**LOOP, "output_dir": str(out)}, list(overrides))
     data = load_dataset(cfg)
@@ -278,7 +279,7 @@ def test_schedule_step_of_a_mid_epoch_position_on_another_world_size():
     """The schedule's step of a position: an epoch's worth of steps per epoch done, plus the steps
     the samples already consumed take in this world (a 4-rank checkpoint 120 samples into epoch 0
     of a 1-epoch warmup is 30% through it on any world size)."""
-    from hvtrain.trainer import schedule_step
+    from hvtrain.train.schedule import schedule_step
 
     assert schedule_step(0, 120, 40, 10) == 12 and schedule_step(0, 120, 10, 40) == 3  # 12/40 = 3/10
     assert schedule_step(2, 0, 40, 10) == 80 and schedule_step(1, 125, 40, 10) == 53  # a partial step rounds up
@@ -290,7 +291,7 @@ def test_defect_21_resume_refuses_another_gradient_compression_or_micro_batching
     tests/backends shows the update changes) were missing from MATH_KEYS, so a resume under
     another value continued silently on other math. Refuted for the schedule: gpipe and 1f1b give
     the same update (tests/backends/test_stage.py), so it may change."""
-    from hvtrain.checkpoint import config_differences
+    from hvtrain.io.checkpoints import config_differences
 
     saved = {"train": {"compression": "none"}, "parallel": {"pipeline": {"micro_batches": 4, "schedule": "gpipe"}}}
     assert config_differences(saved, {**saved, "train": {"compression": "fp16"}}) == [
@@ -384,12 +385,12 @@ def test_defect_06_finishing_never_overwrites_another_runs_results(tmp_path):
 
 
 def test_evaluation_data_takes_the_records_normalisation_and_refuses_what_would_mislead(tmp_path):
-    """hvtrain.weightfile.evaluation_data, without a framework: the record's statistics replace
+    """hvtrain.model.weights.evaluation_data, without a framework: the record's statistics replace
     the config's (a note says so); other classes, another row shape or a series normalised
     otherwise are one located error; other data (another sample count) is a note; a record
     written before the split travelled is taken as it is."""
     from hvtrain.errors import ConfigError
-    from hvtrain.weightfile import evaluation_data
+    from hvtrain.model.weights import evaluation_data
 
     def record(mapping, **kw):
         cfg = load_config(mapping, **kw)

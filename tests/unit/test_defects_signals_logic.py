@@ -19,10 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hvtrain.checkpoint import list_checkpoints, load, step_of
-from hvtrain.config import load_config
-from hvtrain.data import load_dataset
-from hvtrain.preempt import PREEMPTED_EXIT, Preempted, StopSignals
+from hvtrain.config.load import load_config
+from hvtrain.data.dataset import load_dataset
+from hvtrain.errors import PREEMPTED_EXIT, Preempted
+from hvtrain.io.checkpoints import list_checkpoints, load, step_of
+from hvtrain.train.preempt import StopSignals
 from tests.conftest import ROOT
 from tests.unit.test_defects_numerics import LOOP, FakeRuntime, FakeSteps
 
@@ -45,10 +46,10 @@ class SignalledSteps(FakeSteps):
 
 def loop(out: Path, *overrides: str, resume: str | None = None, at: int | None = None, sig: int = signal.SIGUSR1,
          hook=None) -> tuple[dict | None, SignalledSteps]:
-    """hvtrain.trainer.fit on LOOP as `hvtrain train` runs it: StopSignals installed, checked every
+    """hvtrain.train.loop.fit on LOOP as `hvtrain train` runs it: StopSignals installed, checked every
     step; `at`: the micro-batch before which a real signal arrives; `hook(run)` before fit.
     Returns (summary, or None when Preempted; the steps)."""
-    from hvtrain.metrics import MetricSet
+    from hvtrain.metrics.suite import MetricSet
 
     cfg = load_config({**LOOP, "output_dir": str(out)}, ["train.signal_check_every=1", *overrides])
     data = load_dataset(cfg)
@@ -62,9 +63,10 @@ def loop(out: Path, *overrides: str, resume: str | None = None, at: int | None =
 
 
 def _fit(cfg, data, rt, metrics, out, resume, at, sig, hook):
-    from hvtrain.checkpoint import CheckpointManager
-    from hvtrain.output import Reporter
-    from hvtrain.trainer import Run, fit
+    from hvtrain.io.reporter import Reporter
+    from hvtrain.train.checkpoint import CheckpointManager
+    from hvtrain.train.loop import fit
+    from hvtrain.train.run import Run
 
     with StopSignals() as signals:
         reporter = Reporter(rt.info, out, keep_metrics=resume is not None)
@@ -120,8 +122,8 @@ def test_a_signal_anywhere_in_a_run_stops_at_one_step_and_resumes_exactly(tmp_pa
     checks after the signal, with a checkpoint there that verifies (during start-up: none, nothing
     to lose), or it has finished (the final write: its outputs whole); `--resume auto` then ends
     exactly where an uninterrupted run ends (the model is the update count; every lr the same)."""
-    import hvtrain.checkpoint as checkpoint
-    import hvtrain.output as output
+    import hvtrain.io.checkpoints as checkpoint
+    import hvtrain.io.reporter as output
 
     full, full_lrs = uninterrupted(tmp_path_factory)
     out = tmp_path_factory.mktemp("part")

@@ -5,9 +5,11 @@ import re
 
 import pytest
 
-from hvtrain.config import HorovodConfig
-from hvtrain.dist import ProcessInfo, best_autotuned, cpu_share, default_threads, horovod_env, local_gpu, mpi_env
+from hvtrain.config.autotune import best_autotuned
+from hvtrain.config.schema import HorovodConfig
 from hvtrain.errors import HvtrainError, LaunchError
+from hvtrain.launch.process import ProcessInfo, cpu_share, default_threads, local_gpu
+from hvtrain.runtime.knobs import horovod_env, mpi_env
 
 MB64 = str(64 * 1024 * 1024)
 
@@ -83,7 +85,7 @@ def test_tuning_knobs_become_horovod_variables(tmp_path):
 
 
 def test_autotune_with_a_fixed_cycle_or_fusion_is_a_located_config_error(tmp_path):
-    from hvtrain.config import load_config
+    from hvtrain.config.load import load_config
     from hvtrain.errors import ConfigError
 
     cfg = tmp_path / "c.yaml"
@@ -116,7 +118,7 @@ def test_a_previous_autotune_logs_best_sample_is_used(tmp_path):
                                          (AUTOTUNE_LOG.splitlines()[0] + "\n1,2\n", ":2: expected 7 numbers"),
                                          (AUTOTUNE_LOG.splitlines()[0] + "\n", "has no samples yet")])
 def test_a_bad_autotune_log_is_a_located_config_error(tmp_path, text, where):
-    from hvtrain.config import load_config
+    from hvtrain.config.load import load_config
     from hvtrain.errors import ConfigError
 
     log = tmp_path / "autotune.csv"

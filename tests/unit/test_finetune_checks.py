@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from hvtrain.config import load_config
+from hvtrain.config.load import load_config
 from hvtrain.errors import ConfigError
-from hvtrain.spec import build_spec
-from hvtrain.weightfile import initial_weights
+from hvtrain.model.spec import build_spec
+from hvtrain.model.weights import initial_weights
 
 LAYERS = [{"type": "dense", "units": 8, "activation": "relu", "name": "body", "trainable": False},
           {"type": "batchnorm", "name": "bn", "trainable": False},
@@ -114,8 +114,8 @@ def test_a_pickle_is_refused_and_never_run(tmp_path):
 def mismatched(tmp_path, kind: str):
     """A source [dense, layernorm, dense] saved as final.safetensors or as a checkpoint (both record
     their layers), and a config whose layer 1 is a batchnorm."""
-    from hvtrain import checkpoint
-    from hvtrain.weightfile import layer_metadata
+    from hvtrain.io import checkpoints as checkpoint
+    from hvtrain.model.weights import layer_metadata
 
     layers = [{"type": "dense", "units": 8, "name": "a"}, {"type": "layernorm", "name": "norm"},
               {"type": "dense", "units": 3, "name": "head"}]
@@ -171,7 +171,8 @@ def test_resume_from_a_checkpoint_does_not_read_init_from(tmp_path, monkeypatch)
     """Defect: `--resume` read model.init_from again (failing once the file had moved, and printing
     that it loaded weights the checkpoint then replaced). Resuming from a checkpoint skips it;
     `--resume auto` with no checkpoint file yet still starts from init_from."""
-    from hvtrain import checkpoint, session
+    from hvtrain.io import checkpoints as checkpoint
+    from hvtrain.train import entry as session
 
     seen = {}
     monkeypatch.setattr(session, "_train", lambda p, *args: seen.setdefault("p", p))
@@ -195,7 +196,7 @@ def test_resume_auto_finding_nothing_usable_after_skipping_init_from_is_an_error
     from types import SimpleNamespace
 
     from hvtrain.errors import HvtrainError
-    from hvtrain.trainer import fit
+    from hvtrain.train.loop import fit
 
     run = SimpleNamespace(checkpoints=SimpleNamespace(start=lambda *args: None), init_unread=True,
                           steps=SimpleNamespace(shard="model", replicas=1), cfg=config(init_from="a.safetensors"))

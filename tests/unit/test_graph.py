@@ -2,9 +2,9 @@
 
 import pytest
 
-from hvtrain.config import load_config
+from hvtrain.config.load import load_config
 from hvtrain.errors import ConfigError
-from hvtrain.spec import INPUT, build_spec
+from hvtrain.model.spec import INPUT, build_spec
 
 
 def spec_of(tmp_path, layers: str, input_shape="[8, 8, 1]", extra=""):
@@ -150,7 +150,7 @@ def test_plan_lists_the_tensors_each_boundary_carries():
 
 
 def test_token_ids_cannot_cross_a_stage_boundary(tmp_path):
-    from hvtrain.placement.plan import make_plan
+    from hvtrain.pipeline.plan import make_plan
 
     p = tmp_path / "t.yaml"
     p.write_text("name: t\ndata: {dataset: sklearn:digits}\nmodel:\n  input_shape: [4]\n  layers:\n"
@@ -210,7 +210,7 @@ def test_only_embeddings_may_read_token_ids(tmp_path):
 
 
 def test_missing_stage_key_points_into_the_repeat_block(tmp_path):
-    from hvtrain.placement.plan import make_plan
+    from hvtrain.pipeline.plan import make_plan
 
     p = tmp_path / "s.yaml"
     p.write_text("name: s\ndata: {dataset: sklearn:digits}\nmodel:\n  input_shape: [64]\n  layers:\n"

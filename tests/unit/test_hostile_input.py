@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hvtrain import checkpoint
-from hvtrain.config import load_config, parse_override
+from hvtrain.config.load import load_config
+from hvtrain.config.yaml import parse_override
 from hvtrain.errors import ConfigError, HostfileError, HvtrainError
+from hvtrain.io import checkpoints as checkpoint
 from hvtrain.launch.builders import LaunchRequest, build_mpirun
 from hvtrain.launch.hostfile import parse_hostfile, parse_hosts
 

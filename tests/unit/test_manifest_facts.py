@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvtrain import manifest
-from hvtrain.dist import RANK_VARS
+from hvtrain.launch.process import RANK_VARS
+from hvtrain.runtime import manifest
 
 
 @pytest.fixture

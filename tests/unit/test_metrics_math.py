@@ -1,4 +1,4 @@
-"""The metrics suite's math (hvtrain.metrics), no framework: statistics summed over uneven
+"""The metrics suite's math (hvtrain.metrics.suite), no framework: statistics summed over uneven
 "ranks" and arbitrary batches must give scikit-learn's value on the same predictions, and config
 errors name the metric's file:line. The real 2-rank runs are tests/parallel/test_metrics.py."""
 
@@ -11,17 +11,11 @@ import pytest
 from scipy.special import expit, softmax
 from sklearn import metrics as skm
 
-from hvtrain.config import load_config
+from hvtrain.config.load import load_config
+from hvtrain.config.validate import parse_metrics
 from hvtrain.errors import ConfigError
-from hvtrain.metrics import (
-    HEAD,
-    Metric,
-    MetricSet,
-    batch_stats,
-    check_metrics,
-    head_sums,
-    parse_metrics,
-)
+from hvtrain.metrics.names import Metric
+from hvtrain.metrics.suite import HEAD, MetricSet, batch_stats, check_metrics, head_sums
 
 CLASSIFY = [Metric("accuracy"), Metric("top_k_accuracy", 3), Metric("precision"), Metric("recall"), Metric("f1"),
             Metric("confusion_matrix"), Metric("roc_auc"), Metric("log_loss")]
@@ -217,7 +211,7 @@ def test_top_k_needs_more_classes_than_k(tmp_path):
 
 class Ranks:
     """`n` in-process ranks (threads) whose gather_bytes / broadcast_object meet at a barrier:
-    the collectives MetricSet.reduce_scores uses, as hvtrain.runtime.Runtime has them."""
+    the collectives MetricSet.reduce_scores uses, as hvtrain.runtime.horovod.Runtime has them."""
 
     def __init__(self, n: int) -> None:
         self.n, self.barrier, self.slots = n, threading.Barrier(n), [None] * n

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hvtrain.session import prepare
+from hvtrain.runtime.experiment import prepare
 
 
 @pytest.mark.parametrize("given", ["runs/a #1", "null", "on", "~", "[x]", "2024-01-01"])

@@ -4,11 +4,11 @@ import pytest
 from click.testing import CliRunner
 
 from hvtrain.cli import cli
-from hvtrain.config import load_config
+from hvtrain.config.load import load_config
 from hvtrain.errors import ConfigError
-from hvtrain.placement.plan import make_plan
-from hvtrain.placement.schedule import bubble_fraction, peak_in_flight, stage_ops
-from hvtrain.spec import build_spec
+from hvtrain.model.spec import build_spec
+from hvtrain.pipeline.plan import make_plan
+from hvtrain.pipeline.schedule import bubble_fraction, peak_in_flight, stage_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/digits_pipeline.yaml"

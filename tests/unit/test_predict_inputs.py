@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvtrain import checkpoint
 from hvtrain.errors import DataError
-from hvtrain.inference import ArrayRows, Collected, CsvRows, Model, NpyRows, convert, rounds, run
-from hvtrain.output import NpyWriter, Reporter
-from hvtrain.session import prepare
-from hvtrain.trainer import weight_metadata
-from hvtrain.weightfile import INPUTS_KEY, describe_inputs, inputs_from, read_weights, require_inputs
+from hvtrain.io import checkpoints as checkpoint
+from hvtrain.io.reporter import NpyWriter, Reporter
+from hvtrain.model.weights import INPUTS_KEY, describe_inputs, inputs_from, read_weights, require_inputs
+from hvtrain.runtime.experiment import prepare
+from hvtrain.tools.predict import ArrayRows, Collected, CsvRows, Model, NpyRows, convert, rounds, run
+from hvtrain.train.finish import weight_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = """name: tiny
@@ -203,7 +203,7 @@ def test_npy_files_of_a_failed_predict_leave_no_temporary_files(tmp_path):
     while making the second left the first's `.NAME.PID.tmp`; a killed predict's temporary file
     stayed for good. The Reporter's npy_files removes its own on any exception and, when it
     opens a file, those of a dead process."""
-    from hvtrain.dist import ProcessInfo
+    from hvtrain.launch.process import ProcessInfo
 
     dead = tmp_path / ".p.npy.999999999.tmp"  # above any pid_max: no such process
     dead.write_bytes(b"half a file")
@@ -333,8 +333,8 @@ def test_csv_numeric_header_is_a_header_as_in_training(tmp_path):
     assert len(rows) == 2 and rows.read(0, 2).tolist() == [[0.5, 1.5, 2.5], [3.0, 4.0, 5.0]]
     rows.close()
     (tmp_path / "train.csv").write_text("0,1,label\n0.5,1.5,0\n3.0,4.0,1\n")
-    from hvtrain.config import load_config
-    from hvtrain.data import load_dataset
+    from hvtrain.config.load import load_config
+    from hvtrain.data.dataset import load_dataset
 
     cfg = load_config({"name": "t", "data": {"dataset": f"csv:{tmp_path / 'train.csv'}", "validation_split": 0.5},
                        "model": {"input_shape": [2], "layers": [{"type": "dense", "units": 2}]}})
@@ -368,7 +368,7 @@ class _Runtime:
     """One rank of `size`: gather_bytes returns every rank's part on rank 0 (the others' faked)."""
 
     def __init__(self, rank, size, others):
-        from hvtrain.dist import ProcessInfo
+        from hvtrain.launch.process import ProcessInfo
 
         self.info, self.others = ProcessInfo(rank, size), others
 

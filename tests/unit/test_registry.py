@@ -1,4 +1,4 @@
-"""The backend registry (hvtrain.backend.BACKENDS) is the one list of backends: config validation,
+"""The backend registry (hvtrain.backends.registry.BACKENDS) is the one list of backends: config validation,
 every CLI `--backend` and `hvtrain doctor` follow it, so adding a backend there is enough."""
 
 import subprocess
@@ -8,10 +8,11 @@ import typing
 import pytest
 from click.testing import CliRunner
 
-from hvtrain import config, doctor
-from hvtrain.backend import BACKENDS
+from hvtrain.backends.registry import BACKENDS
 from hvtrain.cli import cli
+from hvtrain.config import load as config
 from hvtrain.errors import ConfigError
+from hvtrain.tools import doctor
 
 
 def test_config_accepts_exactly_the_registered_backends():
@@ -20,10 +21,10 @@ def test_config_accepts_exactly_the_registered_backends():
 
 REGISTER_ONE_MORE = """
 import typing
-import hvtrain.backend
-hvtrain.backend.BACKENDS["jax"] = "hvtrain.backends.jax.backend:JaxBackend"
+import hvtrain.backends.registry
+hvtrain.backends.registry.BACKENDS["jax"] = "hvtrain.backends.jax.backend:JaxBackend"
 from hvtrain.cli import cli
-from hvtrain.config import Config
+from hvtrain.config.schema import Config
 assert typing.get_args(typing.get_type_hints(Config)["backend"])[-1] == "jax"
 for command in ("train", "evaluate", "doctor"):
     option = next(o for o in cli.commands[command].params if o.name == "backend")

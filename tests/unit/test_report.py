@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from hvtrain.cli import cli
-from hvtrain.report import auc, confusion, read_run, roc_curve, write_report
+from hvtrain.tools.report import auc, confusion, read_run, roc_curve, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ["cat", "dog", "eel"]
@@ -222,7 +222,7 @@ def test_a_metric_nan_in_every_epoch_gets_a_note_not_an_empty_panel(tmp_path):
     records = [json.loads(ln) for ln in lines[:-1]]
     (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "val_roc_auc": float("nan")}) + "\n"
                                                for r in records))
-    from hvtrain.report import plot_metrics
+    from hvtrain.tools.report import plot_metrics
 
     loaded = read_run(run)
     fig, _ = plot_metrics(loaded)
@@ -236,7 +236,7 @@ def test_a_metric_nan_in_every_epoch_gets_a_note_not_an_empty_panel(tmp_path):
 def test_roc_title_says_macro_over_the_classes_present(tmp_path):
     """A class absent from the validation set: metrics.jsonl's roc_auc is NaN, the picture's macro
     AUC is over the classes present, and its title must say so."""
-    from hvtrain.report import plot_roc
+    from hvtrain.tools.report import plot_roc
 
     run = read_run(make_run(tmp_path / "run", classes=["a", "b", "c", "d"]))
     keep = run.labels != 3
@@ -251,8 +251,8 @@ def test_roc_title_says_macro_over_the_classes_present(tmp_path):
 def test_a_new_run_removes_the_old_runs_scores(tmp_path):
     """A fresh run cleared metrics.jsonl but left val_scores.npz: a report mid-run mixed the old
     run's ROC with the new curves. A resumed run keeps both."""
-    from hvtrain.dist import ProcessInfo
-    from hvtrain.output import Reporter
+    from hvtrain.io.reporter import Reporter
+    from hvtrain.launch.process import ProcessInfo
 
     run = make_run(tmp_path / "run")
     Reporter(ProcessInfo(0, 1), run, keep_metrics=True).close()

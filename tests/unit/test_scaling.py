@@ -1,4 +1,4 @@
-"""The scaling estimate (hvtrain.scaling, `hvtrain plan --network`): hand-computed cases of the ring
+"""The scaling estimate (hvtrain.tools.scaling, `hvtrain plan --network`): hand-computed cases of the ring
 formula, Horovod's overlap, cycle and fusion, the pipeline bubble, the CLI, and the validation against
 Horovod's published scaling (the README's table)."""
 
@@ -14,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from hvtrain.cli import cli
-from hvtrain.config import load_config
-from hvtrain.scaling import (
+from hvtrain.config.load import load_config
+from hvtrain.model.spec import build_spec
+from hvtrain.tools.scaling import (
     PAPER,
     PAPER_NETWORK,
     PHASES,
@@ -28,7 +29,6 @@ from hvtrain.scaling import (
     paper_estimate,
     spec_gradients,
 )
-from hvtrain.spec import build_spec
 from tests.unit import test_cli
 
 ROOT = Path(__file__).resolve().parents[2]

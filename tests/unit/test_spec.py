@@ -3,9 +3,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvtrain.config import load_config
+from hvtrain.config.load import load_config
 from hvtrain.errors import ConfigError, DataError
-from hvtrain.spec import build_spec, check_against_data, check_weights
+from hvtrain.model.spec import build_spec, check_against_data, check_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from hvtrain import tbevents
-from hvtrain.config import load_config
-from hvtrain.dist import ProcessInfo
+from hvtrain.config.load import load_config
 from hvtrain.errors import ConfigError
-from hvtrain.output import Reporter
+from hvtrain.io import tensorboard as tbevents
+from hvtrain.io.reporter import Reporter
+from hvtrain.launch.process import ProcessInfo
 from tests.conftest import ROOT
 from tests.conftest import tensorboard_scalars as scalars
 
@@ -71,8 +71,8 @@ def test_writing_events_imports_no_framework(tmp_path):
     (installed here) into a torch run; hvtrain's writer must not."""
     code = f"""
 import sys
-from hvtrain.dist import ProcessInfo
-from hvtrain.output import Reporter
+from hvtrain.launch.process import ProcessInfo
+from hvtrain.io.reporter import Reporter
 rep = Reporter(ProcessInfo(0, 1), {str(tmp_path)!r}, quiet=True, tensorboard=True)
 rep.append_metrics({{"epoch": 1, "train_loss": 0.5}})
 rep.close()

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from hvtrain.config import load_config
+from hvtrain.config.load import load_config
 from hvtrain.errors import ConfigError
-from hvtrain.watchdog import Listener, Place, Watchdog, distinct_addresses, knock
+from hvtrain.runtime.watchdog import Listener, Place, Watchdog, distinct_addresses, knock
 
 
 class Door:
@@ -60,8 +60,8 @@ def closed_port() -> int:
 
 @pytest.fixture
 def fast(monkeypatch):
-    monkeypatch.setattr("hvtrain.watchdog.PROBE_EVERY_S", 0.1)
-    monkeypatch.setattr("hvtrain.watchdog.KNOCK_TIMEOUT_S", 0.3)
+    monkeypatch.setattr("hvtrain.runtime.watchdog.PROBE_EVERY_S", 0.1)
+    monkeypatch.setattr("hvtrain.runtime.watchdog.KNOCK_TIMEOUT_S", 0.3)
 
 
 class Seen:

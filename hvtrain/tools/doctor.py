@@ -1,0 +1,93 @@
+"""Environment report for `hvtrain doctor`: versions, Horovod build, MPI, CPUs/GPUs."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+
+from hvtrain.backends.registry import BACKENDS
+from hvtrain.launch import mpi
+from hvtrain.version import __version__
+
+# What doctor looks for per registered backend (keys are exactly hvtrain.backends.registry.BACKENDS, checked
+# by tests/unit/test_registry.py): the distributions that provide its framework (any one) and the
+# framework's Horovod binding. Read from metadata so that a missing framework is reported, not raised.
+FRAMEWORKS: dict[str, tuple[tuple[str, ...], str]] = {
+    "torch": (("torch",), "horovod.torch"),
+    "tensorflow": (("tensorflow-cpu", "tensorflow"), "horovod.tensorflow"),
+}
+
+
+@dataclass
+class Report:
+    sections: dict[str, dict[str, str]] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)  # backend -> problems
+
+    def problems(self, backend: str) -> list[str]:
+        return self.missing.get(backend, [])
+
+
+def _version(*names: str) -> str | None:
+    for n in names:
+        try:
+            return version(n)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def _horovod_build(module: str) -> tuple[str, list[str]]:
+    """Import horovod.<fw> and read what it was built with."""
+    try:
+        hvd = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+        return f"unusable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})", [
+            f"{module} cannot be imported; run `make setup` (scripts/build_horovod.sh)"]
+    built = {"mpi": hvd.mpi_built(), "gloo": hvd.gloo_built(), "nccl": hvd.nccl_built(),
+             "ddl": hvd.ddl_built(), "ccl": hvd.ccl_built()}
+    text = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in built.items())
+    problems = [] if built["mpi"] or built["gloo"] else [f"{module} has neither MPI nor Gloo built"]
+    return text, problems
+
+
+def collect() -> Report:
+    r = Report()
+    r.sections["hvtrain"] = {"version": __version__, "python": f"{platform.python_version()} ({sys.executable})"}
+    frameworks: dict[str, str] = {}
+    for backend in BACKENDS:
+        v = _version(*FRAMEWORKS[backend][0])
+        frameworks[backend] = v or "not installed"
+        if v is None:
+            r.missing.setdefault(backend, []).append(f"{backend} is not installed (pip install hvtrain[{backend}])")
+    r.sections["frameworks"] = frameworks
+    hv = {"horovod": _version("horovod") or "not installed"}
+    if hv["horovod"] == "not installed":
+        for backend in BACKENDS:
+            r.missing.setdefault(backend, []).append("horovod is not installed; run `make setup`")
+    else:
+        for backend in BACKENDS:
+            module = FRAMEWORKS[backend][1]
+            if frameworks[backend] == "not installed":
+                continue
+            text, problems = _horovod_build(module)
+            hv[module] = text
+            if problems:
+                r.missing.setdefault(backend, []).extend(problems)
+    r.sections["horovod"] = hv
+    info = mpi.detect()
+    r.sections["mpi"] = {"flavour": info.flavour, "version": info.version or "-", "mpirun": info.path or "-",
+                         "mpi4py": _version("mpi4py") or "not installed"}
+    r.sections["hardware"] = {"cpus": str(len(os.sched_getaffinity(0))), "gpus": _gpus(frameworks)}
+    return r
+
+
+def _gpus(frameworks: dict[str, str]) -> str:
+    if frameworks.get("torch", "not installed") != "not installed":
+        import torch
+
+        return str(torch.cuda.device_count())
+    return "unknown (torch not installed)"
