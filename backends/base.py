@@ -5,7 +5,7 @@ neutral spec or a user's entrypoint, runs a step, evaluates, and converts weight
 state to and from named numpy arrays. The Horovod runtime (init, ranks, collectives, elastic,
 abort) is hvtrain.runtime.horovod, owned by the session; a backend receives it when it builds and asks its
 framework binding (`runtime.horovod`) for the distributed optimizer, broadcasts and gradient
-averages. The loop lives in hvtrain.train. Conformance: tests/backends/test_conformance.py.
+averages. The loop lives in hvtrain.training. Conformance: tests/backends/test_conformance.py.
 
 This module imports no framework; the registry of names is hvtrain.backends.registry.
 """

@@ -1,6 +1,6 @@
 """The loop's seam: one rank's part of a training step, for one parallel layout.
 
-hvtrain.train.loop drives a StepRunner; hvtrain.train.steps.DataParallelSteps (the backend's
+hvtrain.training.loop drives a StepRunner; hvtrain.training.steps.DataParallelSteps (the backend's
 whole-model step) and hvtrain.pipeline.runner.PipelineSteps (a pipeline stage) implement it. It
 sits with the backend interface, below both, so neither layout imports the other or the loop.
 """

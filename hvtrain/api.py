@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain.runtime.experiment import ConfigSource
-from hvtrain.runtime import session
+from hvtrain.training import entry
 
 
 def train(config: ConfigSource, *, backend: str | None = None, model: Callable[[], Any] | None = None,
@@ -36,14 +36,14 @@ def train(config: ConfigSource, *, backend: str | None = None, model: Callable[[
         overrides: `key.path=value` strings, as the CLI's --set.
         resume: "auto" or a checkpoint path, as the CLI's --resume.
     """
-    return session.train(config, backend, output_dir, overrides, quiet=quiet, resume=resume, model=model, data=data)
+    return entry.train(config, backend, output_dir, overrides, quiet=quiet, resume=resume, model=model, data=data)
 
 
 def evaluate(config: ConfigSource, weights: str, *, backend: str | None = None,
              model: Callable[[], Any] | None = None, data: Any = None, output_dir: str | None = None,
              overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Validation metrics of saved weights (a final.safetensors of either backend); writes eval.json."""
-    return session.evaluate(config, weights, backend, output_dir, overrides, model=model, data=data)
+    return entry.evaluate(config, weights, backend, output_dir, overrides, model=model, data=data)
 
 
 def predict(config: ConfigSource, weights: str, x: Any, *, backend: str | None = None,

@@ -14,6 +14,6 @@ from hvtrain.backends.registry import BACKENDS
 def evaluate(config: str, weights: str, backend: str | None, output_dir: str | None,
              overrides: tuple[str, ...]) -> None:
     """Validation metrics of WEIGHTS on CONFIG's data; reduced across ranks when launched on several."""
-    from hvtrain.train.entry import evaluate as run
+    from hvtrain.training.entry import evaluate as run
 
     run(config, weights, backend, output_dir, overrides)

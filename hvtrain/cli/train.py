@@ -19,12 +19,12 @@ from hvtrain.backends.registry import BACKENDS
 def train(config: str, backend: str | None, output_dir: str | None, overrides: tuple[str, ...],
           resume: str | None, elastic: bool, quiet: bool) -> None:
     """Train CONFIG on this process's ranks (alone, or under horovodrun/mpirun)."""
-    from hvtrain.train.preempt import StopSignals
+    from hvtrain.training.preempt import StopSignals
 
     # First of all (before the config, the data, the framework and Horovod): a pre-emption notice
     # during start-up is recorded, and the run stops before its first step, exit 75, instead of
     # dying of the signal. Elastic runs keep the default handlers (Horovod elastic restarts them).
     with StopSignals(enabled=not elastic) as signals:
-        from hvtrain.train.entry import train as run
+        from hvtrain.training.entry import train as run
 
         run(config, backend, output_dir, overrides, quiet=quiet, resume=resume, elastic=elastic, signals=signals)

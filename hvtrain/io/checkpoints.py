@@ -16,7 +16,7 @@ output directory never delete each other's checkpoints. A resumed run keeps the 
 Loading never executes code (safetensors + JSON only). A file that does not parse or whose
 checksum does not match is reported and skipped by `--resume auto`, never loaded; a checkpoint
 made with a different experiment (MATH_KEYS) is refused. Who writes what, across ranks, is
-hvtrain.train.checkpoint.CheckpointManager.
+hvtrain.training.checkpoint.CheckpointManager.
 """
 
 from __future__ import annotations

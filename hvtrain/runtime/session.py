@@ -1,6 +1,6 @@
 """The session of one process: the backend (math), the Horovod runtime and the failure path, the
 native model's probe build, rank agreement, where ranks run (manifest, lost-host watchdog). Training
-(hvtrain.train), evaluation and predict/export (hvtrain.tools) all run inside one.
+(hvtrain.training), evaluation and predict/export (hvtrain.tools) all run inside one.
 """
 
 from __future__ import annotations

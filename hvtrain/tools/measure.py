@@ -29,7 +29,7 @@ def measure_step(p: Prepared, steps: int = 10, warmup: int = 3, ranks_per_host: 
     import time
 
     from hvtrain.data.batches import Batch
-    from hvtrain.train.steps import DataParallelSteps
+    from hvtrain.training.steps import DataParallelSteps
 
     h = replace(p.cfg.horovod, timeline=None, autotune=False)  # files Horovod would write
     # threads as one of `ranks_per_host` ranks would have them, not the whole host's

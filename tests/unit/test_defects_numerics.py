@@ -243,12 +243,12 @@ LOOP = {"name": "loop", "seed": 3, "data": {"dataset": "synthetic:classification
 
 
 def fit_loop(out: Path, *overrides: str, size: int = 1, resume: str | None = None) -> tuple[dict, FakeSteps]:
-    """hvtrain.train.loop.fit on LOOP (or its overrides) with the fakes above, writing into `out`."""
+    """hvtrain.training.loop.fit on LOOP (or its overrides) with the fakes above, writing into `out`."""
     from hvtrain.io.reporter import Reporter
     from hvtrain.metrics.suite import MetricSet
-    from hvtrain.train.checkpoint import CheckpointManager
-    from hvtrain.train.loop import fit
-    from hvtrain.train.run import Run
+    from hvtrain.training.checkpoint import CheckpointManager
+    from hvtrain.training.loop import fit
+    from hvtrain.training.run import Run
 
     cfg = load_config({**LOOP, "output_dir": str(out)}, list(overrides))
     data = load_dataset(cfg)
@@ -279,7 +279,7 @@ def test_schedule_step_of_a_mid_epoch_position_on_another_world_size():
     """The schedule's step of a position: an epoch's worth of steps per epoch done, plus the steps
     the samples already consumed take in this world (a 4-rank checkpoint 120 samples into epoch 0
     of a 1-epoch warmup is 30% through it on any world size)."""
-    from hvtrain.train.schedule import schedule_step
+    from hvtrain.training.schedule import schedule_step
 
     assert schedule_step(0, 120, 40, 10) == 12 and schedule_step(0, 120, 10, 40) == 3  # 12/40 = 3/10
     assert schedule_step(2, 0, 40, 10) == 80 and schedule_step(1, 125, 40, 10) == 53  # a partial step rounds up

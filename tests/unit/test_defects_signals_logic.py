@@ -23,7 +23,7 @@ from hvtrain.config.load import load_config
 from hvtrain.data.dataset import load_dataset
 from hvtrain.errors import PREEMPTED_EXIT, Preempted
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
-from hvtrain.train.preempt import StopSignals
+from hvtrain.training.preempt import StopSignals
 from tests.conftest import ROOT
 from tests.unit.test_defects_numerics import LOOP, FakeRuntime, FakeSteps
 
@@ -46,7 +46,7 @@ class SignalledSteps(FakeSteps):
 
 def loop(out: Path, *overrides: str, resume: str | None = None, at: int | None = None, sig: int = signal.SIGUSR1,
          hook=None) -> tuple[dict | None, SignalledSteps]:
-    """hvtrain.train.loop.fit on LOOP as `hvtrain train` runs it: StopSignals installed, checked every
+    """hvtrain.training.loop.fit on LOOP as `hvtrain train` runs it: StopSignals installed, checked every
     step; `at`: the micro-batch before which a real signal arrives; `hook(run)` before fit.
     Returns (summary, or None when Preempted; the steps)."""
     from hvtrain.metrics.suite import MetricSet
@@ -64,9 +64,9 @@ def loop(out: Path, *overrides: str, resume: str | None = None, at: int | None =
 
 def _fit(cfg, data, rt, metrics, out, resume, at, sig, hook):
     from hvtrain.io.reporter import Reporter
-    from hvtrain.train.checkpoint import CheckpointManager
-    from hvtrain.train.loop import fit
-    from hvtrain.train.run import Run
+    from hvtrain.training.checkpoint import CheckpointManager
+    from hvtrain.training.loop import fit
+    from hvtrain.training.run import Run
 
     with StopSignals() as signals:
         reporter = Reporter(rt.info, out, keep_metrics=resume is not None)

@@ -172,7 +172,7 @@ def test_resume_from_a_checkpoint_does_not_read_init_from(tmp_path, monkeypatch)
     that it loaded weights the checkpoint then replaced). Resuming from a checkpoint skips it;
     `--resume auto` with no checkpoint file yet still starts from init_from."""
     from hvtrain.io import checkpoints as checkpoint
-    from hvtrain.train import entry as session
+    from hvtrain.training import entry as session
 
     seen = {}
     monkeypatch.setattr(session, "_train", lambda p, *args: seen.setdefault("p", p))
@@ -196,7 +196,7 @@ def test_resume_auto_finding_nothing_usable_after_skipping_init_from_is_an_error
     from types import SimpleNamespace
 
     from hvtrain.errors import HvtrainError
-    from hvtrain.train.loop import fit
+    from hvtrain.training.loop import fit
 
     run = SimpleNamespace(checkpoints=SimpleNamespace(start=lambda *args: None), init_unread=True,
                           steps=SimpleNamespace(shard="model", replicas=1), cfg=config(init_from="a.safetensors"))

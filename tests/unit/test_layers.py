@@ -17,7 +17,7 @@ LAYERS = [
     ("api", ["hvtrain", "hvtrain.__main__", "hvtrain.api"]),
     ("cli", ["hvtrain.cli"]),
     ("tools", ["hvtrain.tools"]),
-    ("train", ["hvtrain.train"]),
+    ("training", ["hvtrain.training"]),
     ("runtime", ["hvtrain.runtime"]),
     ("pipeline", ["hvtrain.pipeline"]),
     ("backend implementations", ["hvtrain.backends.torch", "hvtrain.backends.tensorflow"]),
@@ -137,10 +137,10 @@ def test_the_layer_check_fails_on_a_reversed_import():
     and so is the Reporter importing the runtime inside a function."""
     schema = FILES["hvtrain.config.schema"].read_text()
     reporter = FILES["hvtrain.io.reporter"].read_text()
-    reversed_ = {"hvtrain.config.schema": schema + "\nif TYPE_CHECKING:\n    from hvtrain.train.loop import fit\n",
+    reversed_ = {"hvtrain.config.schema": schema + "\nif TYPE_CHECKING:\n    from hvtrain.training.loop import fit\n",
                  "hvtrain.io.reporter": reporter + "\ndef f():\n    from hvtrain.runtime import session\n"}
     assert upward(graph(reversed_)) == [
-        "hvtrain.config.schema (config and its leaves) imports hvtrain.train.loop (train)",
+        "hvtrain.config.schema (config and its leaves) imports hvtrain.training.loop (training)",
         "hvtrain.io.reporter (io) imports hvtrain.runtime.session (runtime)"]
 
 
@@ -200,3 +200,18 @@ def test_frameworks_are_imported_only_by_their_backend_and_binding():
     bad = sorted((m, sorted(third_party(p) & frameworks)) for m, p in FILES.items()
                  if third_party(p) & frameworks and not m.startswith(allowed))
     assert bad == [], bad
+
+
+def test_the_python_api_names_are_not_shadowed_by_a_subpackage():
+    """`hvtrain.train`, `.evaluate` and `.predict` are the Python API's functions: no subpackage
+    may take one of those names (importing `hvtrain.<name>.x` would replace the function by the
+    package in hvtrain's namespace)."""
+    import subprocess
+    import sys
+
+    code = ("import hvtrain, hvtrain.training.loop, hvtrain.tools.predict, hvtrain.runtime.session\n"
+            "assert all(callable(getattr(hvtrain, n)) for n in ('train', 'evaluate', 'predict')), "
+            "[type(getattr(hvtrain, n)) for n in ('train', 'evaluate', 'predict')]\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert not {"train", "evaluate", "predict"} & {p.name for p in (ROOT / "hvtrain").iterdir() if p.is_dir()}

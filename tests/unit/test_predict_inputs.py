@@ -17,7 +17,7 @@ from hvtrain.io.reporter import NpyWriter, Reporter
 from hvtrain.model.weights import INPUTS_KEY, describe_inputs, inputs_from, read_weights, require_inputs
 from hvtrain.runtime.experiment import prepare
 from hvtrain.tools.predict import ArrayRows, Collected, CsvRows, Model, NpyRows, convert, rounds, run
-from hvtrain.train.finish import weight_metadata
+from hvtrain.training.finish import weight_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = """name: tiny

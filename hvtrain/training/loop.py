@@ -23,10 +23,10 @@ from hvtrain.errors import HvtrainError, Preempted
 from hvtrain.io.checkpoints import where
 from hvtrain.metrics.suite import MetricSet
 from hvtrain.runtime.horovod import Runtime
-from hvtrain.train.finish import finish
-from hvtrain.train.resume import finished, finished_without_checkpoints, kept_results
-from hvtrain.train.run import EpochResult, Position, Run
-from hvtrain.train.schedule import LRSchedule, schedule_step
+from hvtrain.training.finish import finish
+from hvtrain.training.resume import finished, finished_without_checkpoints, kept_results
+from hvtrain.training.run import EpochResult, Position, Run
+from hvtrain.training.schedule import LRSchedule, schedule_step
 from hvtrain.version import __version__
 
 
@@ -35,7 +35,7 @@ def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, A
     (if configured) checkpoints; continue from a checkpoint when `resume` is given.
 
     Args:
-        elastic: a hvtrain.train.elastic.Elastic driver (`--elastic`): state committed in memory every
+        elastic: a hvtrain.training.elastic.Elastic driver (`--elastic`): state committed in memory every
             `train.elastic_commit_every` steps, restored and re-sharded when workers leave or join.
     """
     t0 = time.perf_counter()
@@ -190,7 +190,7 @@ def _signalled_anywhere(run: Run) -> bool:
     """One allreduce: did any rank get SIGTERM/SIGUSR1? Every rank gets the same answer, so a signal
     that reached one rank (or only the launcher) stops every rank at this same step."""
     mine = 1.0 if run.signals.received else 0.0
-    return bool(run.runtime.allreduce_sum(np.array([mine]), name="hvtrain.train.preempt")[0] > 0)
+    return bool(run.runtime.allreduce_sum(np.array([mine]), name="hvtrain.training.preempt")[0] > 0)
 
 
 def _stop_before_training(run: Run, resumed: Any) -> None:

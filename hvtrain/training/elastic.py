@@ -16,7 +16,7 @@ from hvtrain.errors import HvtrainError
 
 if TYPE_CHECKING:
     from hvtrain.backends.base import Backend
-    from hvtrain.train.run import EpochResult, Position, Run
+    from hvtrain.training.run import EpochResult, Position, Run
 
 
 class Elastic:

@@ -16,8 +16,8 @@ from hvtrain.metrics.suite import MetricSet
 from hvtrain.model.spec import ModelSpec
 from hvtrain.runtime.horovod import Runtime
 from hvtrain.runtime.watchdog import Watchdog
-from hvtrain.train.checkpoint import CheckpointManager
-from hvtrain.train.preempt import StopSignals
+from hvtrain.training.checkpoint import CheckpointManager
+from hvtrain.training.preempt import StopSignals
 
 WEIGHTS_FILE = "final.safetensors"
 

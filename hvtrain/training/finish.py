@@ -19,8 +19,8 @@ from hvtrain.io.reporter import SCORES_FILE
 from hvtrain.model.spec import ModelSpec
 from hvtrain.model.weights import INPUTS_KEY, describe_inputs, layer_metadata
 from hvtrain.runtime.manifest import training_hash
-from hvtrain.train.run import WEIGHTS_FILE, EpochResult, Run
-from hvtrain.train.steps import digest
+from hvtrain.training.run import WEIGHTS_FILE, EpochResult, Run
+from hvtrain.training.steps import digest
 from hvtrain.version import __version__
 
 

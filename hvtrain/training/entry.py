@@ -35,7 +35,7 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
           overrides: Sequence[str] = (), quiet: bool = False, resume: str | None = None,
           elastic: bool = False, model: Any = None, data: Any = None, signals: Any = None) -> dict[str, Any]:
     """Train one experiment on this process's rank: data parallel, pipelined or hybrid, one loop.
-    `signals`: the hvtrain.train.preempt.StopSignals the caller installed already (the CLI does, first)."""
+    `signals`: the hvtrain.training.preempt.StopSignals the caller installed already (the CLI does, first)."""
     p = prepare(config, backend, output_dir, overrides, model, data)
     check_output_dir(p.cfg, output_dir)
     tbevents.check(p.cfg)
@@ -62,7 +62,7 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
             raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
                              "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
     from hvtrain.runtime.manifest import collect_before_mpi
-    from hvtrain.train.preempt import StopSignals
+    from hvtrain.training.preempt import StopSignals
 
     # Recorded from here on at the latest (the CLI's from its start), so that a pre-emption notice
     # during start-up ends the run before its first step (exit 75) instead of killing it.
@@ -98,7 +98,7 @@ def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None
     Every metric, pipelined configs' too: the model is loaded whole."""
     from hvtrain.io.reporter import Reporter
     from hvtrain.model.weights import evaluation_data, read_inputs
-    from hvtrain.train.loop import reduce_metrics
+    from hvtrain.training.loop import reduce_metrics
 
     p = prepare(config, backend, output_dir, overrides, model, data)
     check_output_dir(p.cfg, output_dir)
@@ -126,7 +126,7 @@ def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None
 def _loaded(p: Prepared, weights_path: str) -> Iterator[tuple[Session, Any]]:
     """A session whose whole model holds saved weights (any world size; pipelines load whole)."""
     from hvtrain.model.weights import read_weights
-    from hvtrain.train.steps import DataParallelSteps
+    from hvtrain.training.steps import DataParallelSteps
 
     weights = read_weights(weights_path).weights
     if p.spec is not None:
@@ -141,10 +141,10 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
     the one loop; the lost-host watchdog and the signal handlers around it."""
     from hvtrain.io.reporter import Reporter
     from hvtrain.model.weights import describe_inputs
-    from hvtrain.train.checkpoint import CheckpointManager
-    from hvtrain.train.loop import fit
-    from hvtrain.train.run import Run
-    from hvtrain.train.steps import DataParallelSteps
+    from hvtrain.training.checkpoint import CheckpointManager
+    from hvtrain.training.loop import fit
+    from hvtrain.training.run import Run
+    from hvtrain.training.steps import DataParallelSteps
 
     cfg, rt = s.cfg, s.runtime
     weights = p.initial if p.initial is not None else p.spec.init_weights(cfg.seed) if p.spec is not None \
@@ -180,7 +180,7 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
     if s.elastic:  # a joining worker must meet nothing but Horovod's state sync: no gather
         import socket
 
-        from hvtrain.train.elastic import Elastic
+        from hvtrain.training.elastic import Elastic
 
         run.manifest = lambda: write_manifest(cfg, rt, reporter, [socket.gethostname()], [list(affinity())])
         return fit(run, resume, Elastic(s.backend))

@@ -1,6 +1,6 @@
 """The seam between the one training loop and the parallel layouts.
 
-The loop (hvtrain.train.loop) drives a StepRunner: per optimizer step it hands over the rank's share
+The loop (hvtrain.training.loop) drives a StepRunner: per optimizer step it hands over the rank's share
 of a global batch, it reduces losses and evaluation sums through the runtime, and it checkpoints
 the runner's state. `DataParallelSteps` runs the backend's whole-model step; the pipeline runner
 (hvtrain.pipeline.runner.PipelineSteps) runs this rank's stage through the schedule."""

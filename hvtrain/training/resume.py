@@ -9,7 +9,7 @@ from typing import Any
 from hvtrain.config.schema import Config
 from hvtrain.errors import HvtrainError
 from hvtrain.runtime.manifest import training_hash
-from hvtrain.train.run import WEIGHTS_FILE, Position, Run
+from hvtrain.training.run import WEIGHTS_FILE, Position, Run
 
 
 def finished(cfg: Config, pos: Position) -> bool:
