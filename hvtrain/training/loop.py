@@ -190,7 +190,7 @@ def _signalled_anywhere(run: Run) -> bool:
     """One allreduce: did any rank get SIGTERM/SIGUSR1? Every rank gets the same answer, so a signal
     that reached one rank (or only the launcher) stops every rank at this same step."""
     mine = 1.0 if run.signals.received else 0.0
-    return bool(run.runtime.allreduce_sum(np.array([mine]), name="hvtrain.training.preempt")[0] > 0)
+    return bool(run.runtime.allreduce_sum(np.array([mine]), name="hvtrain.preempt")[0] > 0)
 
 
 def _stop_before_training(run: Run, resumed: Any) -> None:
