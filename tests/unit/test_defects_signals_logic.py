@@ -1,5 +1,5 @@
 """Issue 21, every signal at every phase, without a framework: the real training loop, checkpoint
-manager and signal handlers (faked runtime and steps, tests/unit/test_defects_numerics.py) under
+manager and signal handlers (faked runtime and steps, tests/support/one_rank.py) under
 real signals at every point of a run; `hvtrain launch`'s launcher start and notice passing with
 stand-in launchers (srun, a remote-only mpirun: not available here); the Slurm template's exit
 status as bash sees it."""
@@ -25,7 +25,7 @@ from hvtrain.errors import PREEMPTED_EXIT, Preempted
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from hvtrain.training.preempt import StopSignals
 from tests.conftest import ROOT
-from tests.unit.test_defects_numerics import LOOP, FakeRuntime, FakeSteps
+from tests.support.one_rank import LOOP, FakeRuntime, FakeSteps
 
 STEPS = 40  # LOOP: 400 training samples, batch 10, one rank
 
