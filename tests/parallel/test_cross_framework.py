@@ -37,7 +37,7 @@ def test_predictions_agree_across_frameworks(tmp_path):
     code = f"""
 import numpy as np, sys
 from mpi4py import MPI
-from hvtrain.runtime.session import prepare
+from hvtrain.runtime.experiment import prepare
 from hvtrain.runtime.session import Session
 from safetensors.numpy import load_file
 w = load_file({str(tmp_path / 'final.safetensors')!r})

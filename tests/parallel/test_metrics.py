@@ -31,7 +31,8 @@ import numpy as np
 from mpi4py import MPI
 from safetensors.numpy import load_file
 from hvtrain.data.dataset import shard_eval
-from hvtrain.runtime.session import Session, prepare
+from hvtrain.runtime.experiment import prepare
+from hvtrain.runtime.session import Session
 for config, backend, out in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
     p = prepare(config, backend=backend)
     val = p.data.val
