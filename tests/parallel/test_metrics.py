@@ -30,7 +30,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 from safetensors.numpy import load_file
-from hvtrain.data.dataset import shard_eval
+from hvtrain.data.batches import shard_eval
 from hvtrain.runtime.experiment import prepare
 from hvtrain.runtime.session import Session
 for config, backend, out in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
