@@ -16,15 +16,18 @@ from hvtrain.errors import DataError
 SKLEARN_DATASETS = ("digits", "breast_cancer", "wine", "iris")
 
 
-def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray | None = None) -> None:
+def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray | None = None,
+                 lines: list[int] | None = None, columns: list[str] | None = None) -> None:
     """Refuse NaN and infinite values (a NaN feature or target trains to a NaN loss with no file
     named, or skips every update under train.on_nan: skip). hvtrain does not impute: the user
-    drops or fills them.
+    drops or fills them. The one check of every source kind (a CSV file's values too).
 
     Args:
         values: one row per sample (any trailing shape; integers pass unchecked).
         what: "features" or "targets", for the message.
         samples: the sample index of each row (default: the row's position).
+        lines, columns: a text file's line of each row and name of each column (a CSV file,
+            whose values are then located as `file:line: column 'b'`).
 
     Raises:
         DataError: naming `name`, the first bad sample and value, and how many there are.
@@ -35,10 +38,14 @@ def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray |
     bad = ~np.isfinite(flat)
     if bad.any():
         i, j = (int(v) for v in np.argwhere(bad)[0])
-        sample = int(samples[i]) if samples is not None else i
-        raise DataError(f"{name}: sample {sample}, {what[:-1]} {j}: {flat[i, j]} is not a finite number "
-                        f"({int(bad.sum())} non-finite {what} in {len(values)} samples read); hvtrain does not "
-                        "impute missing values: drop or fill them in the data")
+        if lines is not None and columns is not None:
+            where, tally = f"{name}:{lines[i]}: column {columns[j]!r}", f"{int(bad.sum())} such values in the file"
+        else:
+            sample = int(samples[i]) if samples is not None else i
+            where = f"{name}: sample {sample}, {what[:-1]} {j}"
+            tally = f"{int(bad.sum())} non-finite {what} in {len(values)} samples read"
+        raise DataError(f"{where}: {flat[i, j]} is not a finite number ({tally}); hvtrain does not impute missing "
+                        "values: drop or fill them")
 
 
 def load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
@@ -118,13 +125,9 @@ def _read_csv(cfg: Config, path: Path) -> tuple[np.ndarray, np.ndarray]:
     except ValueError:
         pass  # string labels: mapped to class ids by np.unique in load_dataset
     names = [h for j, h in enumerate(header) if j != t]
-    for values, columns in ((x, names), (y.reshape(len(y), 1), [target])):
-        bad = ~np.isfinite(values) if values.dtype.kind == "f" else np.zeros(values.shape, bool)
-        if bad.any():  # Python's float() reads nan, inf and infinity: a NaN loss later, no file named
-            i, j = (int(v) for v in np.argwhere(bad)[0])
-            raise DataError(f"{path}:{lines[i]}: column {columns[j]!r}: {values[i, j]} is not a finite number "
-                            f"({int(bad.sum())} such values in the file); hvtrain does not impute missing values: "
-                            "drop or fill them")
+    # Python's float() reads nan, inf and infinity: a NaN loss later, no file named
+    check_finite(x, str(path), "features", lines=lines, columns=names)
+    check_finite(y.reshape(len(y), 1), str(path), "targets", lines=lines, columns=[target])
     return x, y
 
 

@@ -19,6 +19,7 @@ from hvtrain.io import tensorboard as tbevents
 from hvtrain.launch.process import affinity, elastic_launch
 from hvtrain.metrics.suite import MetricSet
 from hvtrain.model.spec import check_weights
+from hvtrain.model.weights import WeightFile
 from hvtrain.runtime.experiment import ConfigSource, Prepared, check_output_dir, prepare
 from hvtrain.runtime.session import (
     Session,
@@ -97,15 +98,16 @@ def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None
     """Validation metrics of saved weights (any backend's), reduced across ranks; writes eval.json.
     Every metric, pipelined configs' too: the model is loaded whole."""
     from hvtrain.io.reporter import Reporter
-    from hvtrain.model.weights import evaluation_data, read_inputs
+    from hvtrain.model.weights import evaluation_data, read_weights
     from hvtrain.training.loop import reduce_metrics
 
     p = prepare(config, backend, output_dir, overrides, model, data)
     check_output_dir(p.cfg, output_dir)
+    wf = read_weights(weights_path)  # read (a checkpoint: verified) once, its weights and inputs record
     # fed as the weights were trained (their inputs record), on a split that holds none of their training samples
-    trained, notes = evaluation_data(p.cfg, p.data, read_inputs(weights_path), weights_path)
+    trained, notes = evaluation_data(p.cfg, p.data, wf.inputs, weights_path)
     p = replace(p, data=trained)
-    with _loaded(p, weights_path) as (s, steps):
+    with _loaded(p, wf) as (s, steps):
         reporter = Reporter(s.info, p.cfg.out_dir, keep_metrics=True)
         for note in [*notes, *steps.metrics.notes]:
             reporter.notice(note)
@@ -123,15 +125,13 @@ def evaluate(config: ConfigSource, weights_path: str, backend: str | None = None
 
 
 @contextmanager
-def _loaded(p: Prepared, weights_path: str) -> Iterator[tuple[Session, Any]]:
+def _loaded(p: Prepared, wf: WeightFile) -> Iterator[tuple[Session, Any]]:
     """A session whose whole model holds saved weights (any world size; pipelines load whole)."""
-    from hvtrain.model.weights import read_weights
     from hvtrain.training.steps import DataParallelSteps
 
-    weights = read_weights(weights_path).weights
     if p.spec is not None:
-        check_weights(p.spec, weights, weights_path)
-    with loaded_model(p.cfg, p.spec, weights, p.data.num_outputs, p.data) as s:
+        check_weights(p.spec, wf.weights, wf.path)
+    with loaded_model(p.cfg, p.spec, wf.weights, p.data.num_outputs, p.data) as s:
         yield s, DataParallelSteps(s.backend, s.runtime, MetricSet.of(p.cfg, p.data))
 
 
