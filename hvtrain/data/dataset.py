@@ -28,6 +28,7 @@ from hvtrain.data.sources import ArraySource, ObjectSource, Source, digest_rows,
 from hvtrain.errors import DataError
 
 STATS_CHUNK_VALUES = 1 << 22  # feature values per chunk of the statistics pass (16 MB of float32)
+MEMORY_HASH_BYTES = 1 << 30  # in-memory data hashed whole by Dataset.content_hash
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,23 @@ class Dataset:
                 h.update(digest_rows(split.source, split.rows[probe]).encode())
         return h.hexdigest()[:16]
 
+    def content_hash(self) -> str:
+        """What a run's results were computed from, so that `--resume auto` keeps a finished run's
+        results only for the same data (hvtrain.training.resume): the fingerprint, the class labels,
+        the files' names, sizes and modification times, and every byte of data held in memory (the
+        Python API's data=, CSV, NPZ, sklearn; up to MEMORY_HASH_BYTES, hashed at memory speed; a
+        larger array, or a user's get() object, by its fingerprint's sampled rows)."""
+        h = hashlib.sha256(self.fingerprint().encode())
+        h.update(json.dumps(self.classes.tolist() if self.classes is not None else None, default=str).encode())
+        for source in {id(s.source): s.source for s in (self.train, self.val)}.values():
+            h.update(json.dumps([source.name, source.identity()], default=str).encode())
+            if isinstance(source, ArraySource) and source.x.nbytes + source.y.nbytes <= MEMORY_HASH_BYTES:
+                for a in (source.x, source.y):
+                    h.update(f"{a.dtype.str}{a.shape}".encode())
+                    h.update(np.ascontiguousarray(a).data if a.dtype.kind != "O" else
+                             json.dumps(a.tolist(), default=str).encode())
+        return h.hexdigest()[:16]
+
 
 def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, integer_input: bool = False) -> Dataset:
     """Open, split (seeded), fit normalisation (training rows only, one chunked pass, cached beside
@@ -134,7 +152,7 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     if cfg.data.window is not None:
         return _load_windows(cfg, input_shape)
     source, val_source, name, text = _open(cfg)
-    for s in (source, val_source):  # in memory: checked whole now (file rows: in the statistics pass)
+    for s in (source, val_source):  # in memory: checked whole now (file rows: in the pass of _statistics)
         if isinstance(s, ArraySource):
             check_finite(s.x, s.name, "features")
     labels = source.labels()
@@ -152,12 +170,11 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     if val_source.feature_shape != source.feature_shape:
         raise DataError(f"{name}: validation features {list(val_source.feature_shape)} differ from the training "
                         f"features {list(source.feature_shape)}")
-    shift = scale = None
-    if cfg.data.normalize != "none":
-        if integer_input:
-            raise cfg.fail("data.normalize", "must be none when the first layer is an embedding (token ids)")
-        split_key = [cfg.seed, cfg.data.validation_split] if val_source is source else ["validation files"]
-        shift, scale = _statistics(cfg.data.normalize, source, train_rows, split_key)
+    if cfg.data.normalize != "none" and integer_input:
+        raise cfg.fail("data.normalize", "must be none when the first layer is an embedding (token ids)")
+    split_key = [cfg.seed, cfg.data.validation_split] if val_source is source else ["validation files"]
+    # every file row the run reads is checked to be finite in this pass (normalize none: for that alone)
+    shift, scale = _statistics(cfg.data.normalize, source, train_rows, split_key, val_source, val_rows)
     features = source.feature_shape
     shape = tuple(input_shape) if input_shape is not None and math.prod(input_shape) == math.prod(features) else None
     transform = Transform(np.int64 if integer_input else np.float32, shift, scale, shape)
@@ -282,29 +299,47 @@ def _from_user(obj: Any, name: str, cfg: Config, key: str) -> Source:
                    f"got {type(obj).__name__}")
 
 
-def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any] | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Normalisation statistics of the training rows, in float64: one pass in source order, chunked
+def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any] | None = None,
+                val_source: Source | None = None, val_rows: np.ndarray | None = None
+                ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Normalisation statistics of the training rows, in float64 (None, None for `none`), and the
+    check that every feature row the run will read is finite: one pass in source order, chunked
     (float64 from the raw values, Chan et al.'s merge), cached beside file data keyed by the files
     and by what chose the rows (`split_key`: seed and validation_split; None: not cached). Every
     rank of a first run computes them itself (they agree bit for bit); later runs read the cache.
-    The pass reads every training row, so a non-finite feature is named here, before training.
+
+    The pass reads the training rows and the validation rows (`val_rows` of `val_source`: the same
+    source's held-out rows, or separate validation files), so a non-finite feature in either is
+    named here, before training, whatever data.normalize (`none`: the pass runs for this check
+    alone); it used to check only the training rows, and only when normalising, so a NaN in the
+    validation rows ended in val_loss nan and exit 0. Sources held in memory were checked whole
+    when opened and are not read again for it.
 
     Raises:
         DataError: a NaN or infinite feature (naming the source, sample and feature).
     """
-    cache = _stats_cache(how, source, split_key)
+    def unchecked(s: Source | None) -> bool:
+        return s is not None and not isinstance(s, ArraySource)
+
+    stats = how != "none"
+    if not stats and not unchecked(source) and not unchecked(val_source):
+        return None, None
+    n, width = len(source), math.prod(source.feature_shape)
+    cache = _stats_cache(how, source, split_key, val_source if val_source is not source else None)
     if cache is not None and cache.is_file():
         try:
             saved = np.load(cache, allow_pickle=False)
-            if saved.shape == (2, math.prod(source.feature_shape)) and saved.dtype == np.float64:
-                return saved[0], saved[1]
+            if saved.shape == (2, width if stats else 0) and saved.dtype == np.float64:
+                return (saved[0], saved[1]) if stats else (None, None)
         except (OSError, ValueError):
             pass  # unreadable: recompute (and rewrite)
-    n, width = len(source), math.prod(source.feature_shape)
-    member = np.zeros(n, bool)
-    member[rows] = True
-    chunk = max(1, STATS_CHUNK_VALUES // width)
+    member = np.zeros(n, np.int8)  # 2: a training row (statistics and check), 1: a row read for the check only
+    if val_source is source and val_rows is not None and unchecked(source):
+        member[val_rows] = 1
+    member[rows] = 2
+    if not stats and not unchecked(source):
+        member[:] = 0  # in memory, checked already: only separate validation files to read
+    chunk = max(1, STATS_CHUNK_VALUES // max(1, width))
     count, mean, m2 = 0, np.zeros(width), np.zeros(width)
     lo, hi = np.full(width, np.inf), np.full(width, -np.inf)
     for start in range(0, n, chunk):
@@ -313,6 +348,11 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
             continue
         x = source.features(idx).reshape(len(idx), width).astype(np.float64)  # float64 from the raw values
         check_finite(x, source.name, "features", idx)
+        if not stats:
+            continue
+        x = x[member[idx] == 2]
+        if len(x) == 0:
+            continue
         if how == "standard":
             k, m = len(x), x.mean(axis=0)
             delta, total = m - mean, count + len(x)
@@ -321,6 +361,14 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
             count = total
         else:
             lo, hi = np.minimum(lo, x.min(axis=0)), np.maximum(hi, x.max(axis=0))
+    if val_source is not source and unchecked(val_source) and val_rows is not None:
+        for start in range(0, len(val_rows), chunk):
+            idx = np.sort(val_rows[start: start + chunk])
+            check_finite(val_source.features(idx), f"{val_source.name} (validation files)", "features", idx)
+    if not stats:
+        if cache is not None:
+            _write_quietly(cache, np.zeros((2, 0)))
+        return None, None
     if how == "standard":
         shift, scale = mean, np.sqrt(m2 / count)
     else:
@@ -331,11 +379,17 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
     return shift, scale
 
 
-def _stats_cache(how: str, source: Source, split_key: list[Any] | None) -> Path | None:
+def _stats_cache(how: str, source: Source, split_key: list[Any] | None, val_source: Source | None = None
+                 ) -> Path | None:
+    """The cache file of `_statistics`' pass: keyed by the files (validation files too), the
+    normalisation and the split; `checked` marks entries whose pass also checked the validation
+    rows (an older entry, written when only the training rows were read, is recomputed)."""
     identity, where = source.identity(), source.cache_dir()
     if identity is None or where is None or split_key is None:
         return None
-    key = hashlib.sha256(json.dumps([identity, how, split_key]).encode()).hexdigest()[:20]
+    others = val_source.identity() if val_source is not None else None
+    key = hashlib.sha256(json.dumps([identity, how, split_key, others, "checked: train+validation"]).encode()
+                         ).hexdigest()[:20]
     return where / f".hvtrain-norm-{key}.npy"
 
 

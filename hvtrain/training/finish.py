@@ -64,7 +64,8 @@ def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any
         "data_wait_seconds": {"max": max(u[1] for u in usage), "rank0": usage[0][1]},
         **({"pipeline": {**layout, "ranks": per_rank}} if per_rank is not None else {}),
         **({"series": series_summary(run.data.series, result)} if run.data.series else {}),
-        **extra, "config_hash": training_hash(cfg), "hvtrain_version": __version__,
+        **extra, "config_hash": training_hash(cfg), "data_hash": run.data.content_hash(),
+        "hvtrain_version": __version__,
     }
     run.reporter.write_json("summary.json", summary)
     run.reporter.close()

@@ -54,14 +54,24 @@ def kept_results(run: Run, path: str, meta: dict[str, Any], pos: Position, resum
 def finished_without_checkpoints(run: Run) -> dict[str, Any] | None:
     """`--resume auto` (a requeue script passes it every time) where no checkpoint is, because
     this config writes none: when the directory holds the finished outputs of this same config
-    (summary.json with its training_hash, and final.safetensors), the run is finished and they are
-    kept (they used to be trained over from scratch); None otherwise (train anew, as before)."""
+    on this same data (summary.json with its training_hash and the data's content_hash, and
+    final.safetensors), the run is finished and they are kept (they used to be trained over from
+    scratch); None otherwise (train anew, as before). A model= factory (the Python API) is known
+    by its name only (`python:make`, every lambda `python:<lambda>`), so its results are never
+    kept: it trains anew. The config's hash alone left out the Python API's data= arrays, so new
+    arrays got the previous arrays' results back without training."""
     summary = run.reporter.read_json("summary.json")
     final = run.reporter.modified(WEIGHTS_FILE) is not None
     summary, final = run.runtime.broadcast_object((summary, final))
-    if summary is None or not final or summary.get("config_hash") != training_hash(run.cfg):
+    if summary is None or not final or summary.get("config_hash") != training_hash(run.cfg) \
+            or summary.get("data_hash") != run.data.content_hash():
+        return None
+    if run.cfg.model.factory is not None:
+        run.reporter.notice(f"resume: the finished run in {run.reporter.out_dir} may be another model's: a model= "
+                            f"factory is known only by its name ({run.cfg.model.entrypoint}), so its results are not "
+                            "kept")
         return None
     run.reporter.notice(f"resume: no checkpoint in {run.reporter.out_dir}, but the run there finished on this config "
-                        "(summary.json, final.safetensors): its results are kept (this config writes no checkpoints to "
-                        "continue from: another config, or no --resume, trains anew)")
+                        "and this data (summary.json, final.safetensors): its results are kept (this config writes no "
+                        "checkpoints to continue from: another config or data, or no --resume, trains anew)")
     return summary

@@ -7,6 +7,7 @@ For N ranks that really exchange values, use tests.support.fakes.World."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -96,15 +97,22 @@ LOOP = {"name": "loop", "seed": 3, "data": {"dataset": "synthetic:classification
         "train": {"epochs": 2, "checkpoint_every": 1}}
 
 
-def fit_loop(out: Path, *overrides: str, size: int = 1, resume: str | None = None) -> tuple[dict, FakeSteps]:
-    """hvtrain.training.loop.fit on LOOP (or its overrides) with the fakes above, writing into `out`."""
+def fit_loop(out: Path, *overrides: str, size: int = 1, resume: str | None = None, data: Any = None,
+             model: Any = None) -> tuple[dict, FakeSteps]:
+    """hvtrain.training.loop.fit on LOOP (or its overrides) with the fakes above, writing into `out`;
+    `data` and `model` as the Python API's data= and model= (replacing LOOP's dataset and layers)."""
     from hvtrain.io.reporter import Reporter
     from hvtrain.metrics.suite import MetricSet
     from hvtrain.training.checkpoint import CheckpointManager
     from hvtrain.training.loop import fit
     from hvtrain.training.run import Run
 
-    cfg = load_config({**LOOP, "output_dir": str(out)}, list(overrides))
+    mapping: dict[str, Any] = {**LOOP, "output_dir": str(out)}
+    if data is not None:
+        mapping["data"] = {"batch_size": LOOP["data"]["batch_size"]}
+    if model is not None:
+        mapping.pop("model")
+    cfg = load_config(mapping, list(overrides), model=model, data=data)
     data = load_dataset(cfg)
     rt, metrics = FakeRuntime(size), MetricSet.of(cfg, data)
     reporter = Reporter(rt.info, out, quiet=True, keep_metrics=resume is not None)
