@@ -168,8 +168,9 @@ class Backend(ABC):
     @abstractmethod
     def export(self, fmt: str, path: str, inputs: Inputs) -> None:
         """The built model as a `fmt` artefact (one of EXPORT_FORMATS[name]) at `path`, taking raw
-        rows `[N, *inputs.features]` of `inputs.transform.dtype` (the normalisation and reshape in
-        the graph) and giving what `hvtrain predict` gives (probabilities, or regression outputs)."""
+        rows `[N, *inputs.features]` of `export_dtypes(inputs)[0]` (hvtrain.model.weights; the
+        normalisation and reshape in the graph) and giving what `hvtrain predict` gives
+        (probabilities, or regression outputs)."""
 
     @abstractmethod
     def load_export(self, fmt: str, path: str) -> Callable[[np.ndarray], np.ndarray]:

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvtrain.model.native import PLAIN, OutputForm
-from hvtrain.model.weights import Inputs
+from hvtrain.model.weights import Inputs, export_dtypes
 
 from .native import scores
 
@@ -22,24 +22,29 @@ OPSET = 18  # as the torch backend's exporter
 
 def _served(model: keras.Model, inputs: Inputs,
             form: OutputForm = PLAIN) -> tuple[tf.types.experimental.GenericFunction, str, list]:
-    """Raw rows -> (x - shift) / scale (training statistics, in float64 as training applies them,
-    then float32) -> model input shape ->
+    """Raw rows -> (x - shift) / scale (training statistics; in float32, or in float64 then cast
+    to float32 where float32 would lose raw values far from zero: hvtrain.model.weights.export_dtypes)
+    -> model input shape ->
     model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression; in the
     targets' units: * scale + shift when they were normalised)."""
     t = inputs.transform
     width = math.prod(inputs.features)
     shape = tuple(t.shape) if t.shape is not None else tuple(inputs.features)
-    shift = None if t.shift is None else np.asarray(t.shift, np.float64)
-    scale = None if t.scale is None else np.asarray(t.scale, np.float64)
+    takes, normalise_in = export_dtypes(inputs)
+    shift = None if normalise_in is None else np.asarray(t.shift, normalise_in)
+    scale = None if normalise_in is None else np.asarray(t.scale, normalise_in)
+    precise = normalise_in == np.float64
     name = "outputs" if inputs.loss not in ("cross_entropy", "binary_cross_entropy") else "probabilities"
     target = inputs.target
-    signature = [tf.TensorSpec((None,) + tuple(inputs.features), tf.as_dtype(t.dtype), name="x")]
+    signature = [tf.TensorSpec((None,) + tuple(inputs.features), tf.as_dtype(takes), name="x")]
 
     @tf.function(input_signature=signature)
     def serve(x):
-        if shift is not None:  # constants built inside the function: embedded in the graph, not captured inputs
+        if precise:  # constants built inside the function: embedded in the graph, not captured inputs
             x = tf.cast((tf.cast(tf.reshape(x, (-1, width)), tf.float64) - tf.constant(shift)) / tf.constant(scale),
                         tf.float32)
+        elif shift is not None:
+            x = (tf.reshape(x, (-1, width)) - tf.constant(shift)) / tf.constant(scale)
         out = scores(form, model(tf.reshape(x, (-1,) + shape), training=False))  # logits, as training saw them
         if inputs.loss == "cross_entropy":
             out = tf.nn.softmax(out, axis=1)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from hvtrain.model.native import PLAIN, OutputForm
-from hvtrain.model.weights import Inputs
+from hvtrain.model.weights import Inputs, export_dtypes
 
 from .native import scores
 
@@ -25,8 +25,9 @@ OPSET = 18  # torch.onnx's dynamo exporter's default
 
 
 class _Served(torch.nn.Module):
-    """Raw rows -> (x - shift) / scale (training statistics, in float64 as training applies them,
-    then float32) -> model input shape ->
+    """Raw rows -> (x - shift) / scale (training statistics; in float32, or in float64 then cast
+    to float32 where float32 would lose raw values far from zero: hvtrain.model.weights.export_dtypes)
+    -> model input shape ->
     model -> softmax (cross_entropy) / sigmoid (binary_cross_entropy) / as is (regression; in the
     targets' units: * scale + shift when they were normalised)."""
 
@@ -34,10 +35,11 @@ class _Served(torch.nn.Module):
         super().__init__()
         t = inputs.transform
         self.model, self.form = model, form
-        self.normalise = t.shift is not None
+        _, normalise_in = export_dtypes(inputs)
+        self.normalise, self.precise = normalise_in is not None, normalise_in == np.float64
         if self.normalise:
-            self.register_buffer("shift", torch.from_numpy(np.asarray(t.shift, np.float64).copy()))
-            self.register_buffer("scale", torch.from_numpy(np.asarray(t.scale, np.float64).copy()))
+            self.register_buffer("shift", torch.from_numpy(np.asarray(t.shift, normalise_in).copy()))
+            self.register_buffer("scale", torch.from_numpy(np.asarray(t.scale, normalise_in).copy()))
         self.width = math.prod(inputs.features)
         self.shape = tuple(t.shape) if t.shape is not None else tuple(inputs.features)
         self.activation = {"cross_entropy": "softmax", "binary_cross_entropy": "sigmoid"}.get(inputs.loss, "none")
@@ -46,8 +48,10 @@ class _Served(torch.nn.Module):
             self.register_buffer("target", torch.tensor(inputs.target, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.normalise:
+        if self.precise:
             x = ((x.reshape(-1, self.width).double() - self.shift) / self.scale).float()
+        elif self.normalise:
+            x = (x.reshape(-1, self.width) - self.shift) / self.scale
         out = scores(self.form, self.model(x.reshape((-1,) + self.shape)))  # logits, as training saw them
         if self.activation == "softmax":
             return torch.softmax(out, dim=1)
@@ -62,7 +66,7 @@ def export(model: torch.nn.Module, fmt: str, path: str, inputs: Inputs, form: Ou
     """Write `model` (not changed: a CPU copy in eval mode is exported) as `fmt` to `path`; `form`
     (hvtrain.model.native) turns an entrypoint model's output into the logits the activation is applied to."""
     served = _Served(copy.deepcopy(model).cpu().float().eval(), inputs, form).eval()
-    dtype = torch.from_numpy(np.zeros(0, inputs.transform.dtype)).dtype
+    dtype = torch.from_numpy(np.zeros(0, export_dtypes(inputs)[0])).dtype
     example = torch.zeros((2,) + tuple(inputs.features), dtype=dtype)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the exporters' deprecation and tracer notes

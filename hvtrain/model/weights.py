@@ -9,7 +9,9 @@ Both kinds of file hvtrain writes can be read as weights:
 dataset stores it, the input dtype, the normalisation fitted on the training split (shift and
 scale, base64 of the little-endian bytes: exact; float64, `stats_dtype`, as training computes and
 applies them; float32 in files written before that key), the reshape to the model's input
-shape, the loss, the number of outputs, the class labels (classification) and, for a text corpus,
+shape, the loss, the number of outputs, the class labels (classification), the dtype the dataset
+stores raw rows in (`raw_dtype`: what an export's graph must take to lose nothing; absent in files
+written before it, then taken as float64) and, for a text corpus,
 its vocabulary (`text`: word -> id, PAD 0, OOV 1, max_len, the tokenizer) and, for a forecaster
 trained on normalised targets (data.window), the targets' shift and scale (`target`: predictions
 are turned back into the series' units). Reading never executes code (safetensors and JSON only).
@@ -56,10 +58,39 @@ class Inputs:
     text: dict[str, Any] | None = None  # a text corpus's vocabulary (hvtrain.data.text.vocabulary_record)
     target: tuple[float, float] | None = None  # (shift, scale) of normalised regression targets: y = out*scale+shift
     split: dict[str, Any] | None = None  # what chose the validation samples (hvtrain.data.dataset.Dataset.split)
+    raw_dtype: str | None = None  # the dataset's raw rows (float64, float32, uint8, ...); None: not recorded
 
     @property
     def width(self) -> int:
         return math.prod(self.features)
+
+
+# An export's graph normalises in float32, as before statistics travelled in float64, unless that
+# would lose the raw values: rounding a raw value (and the shift) to float32 moves the normalised
+# value by about 2**-24 * (|shift| / scale + a few), so up to |shift| <= 16 * scale float32 keeps
+# it to ~1e-6 (the export's tolerance is 1e-4). Beyond (Unix timestamps, coordinates in metres,
+# 1e8 + N(0, 1)) the graph normalises in float64, and takes float64 rows when float32 cannot hold
+# the raw dtype.
+FLOAT32_SHIFT_RATIO = 16.0
+
+
+def export_dtypes(inputs: Inputs) -> tuple[np.dtype, np.dtype | None]:
+    """(the dtype of an exported graph's input `x`, the dtype its normalisation runs in; None:
+    it does not normalise). Only features far from zero relative to their spread (|shift| > 16 x
+    scale) are normalised in float64, so every other graph (the catalogue's, sklearn's, images')
+    has no float64 op (TensorRT, TFLite and many accelerators run none) and takes float32 rows, as
+    before. A graph that normalises in float64 takes float64 rows when float32 cannot hold the
+    raw dtype (float64, integers of more than 16 bits, or a record without raw_dtype), else float32."""
+    t = inputs.transform
+    model_input = np.dtype(t.dtype)
+    if t.shift is None:
+        return model_input, None  # training cast the raw rows to the model's dtype: the caller may as well
+    ratio = np.abs(np.asarray(t.shift, np.float64)) / np.asarray(t.scale, np.float64)
+    if not len(ratio) or float(ratio.max()) <= FLOAT32_SHIFT_RATIO:
+        return np.dtype(np.float32), np.dtype(np.float32)
+    raw = np.dtype(inputs.raw_dtype or "float64")
+    exact = np.can_cast(raw, np.float32, "safe")  # float16/32, (u)int8/16, bool
+    return np.dtype(np.float32 if exact else np.float64), np.dtype(np.float64)
 
 
 @dataclass
@@ -85,6 +116,7 @@ def describe_inputs(cfg: Config, data: Dataset) -> dict[str, Any]:
             "shift": _encode(t.shift), "scale": _encode(t.scale), "stats_dtype": "float64",
             "input_shape": list(t.shape) if t.shape is not None else None,
             "loss": cfg.loss, "outputs": int(data.num_outputs), "classes": classes,
+            "raw_dtype": data.train.source.features(data.train.rows[:1]).dtype.name,
             **({"text": data.text} if data.text is not None else {}),
             **({"split": data.split} if data.split is not None else {}),
             **({"target": {"shift": float(data.series["shift"]), "scale": float(data.series["scale"])}}
@@ -116,7 +148,8 @@ def inputs_from(record: Any, where: str) -> Inputs:
         return Inputs(features, Transform(_DTYPES[record["dtype"]], shift, scale, shape), str(record["normalize"]),
                       str(record["loss"]), int(record["outputs"]),
                       np.asarray(classes) if classes is not None else None, _text_record(record.get("text")),
-                      _target_record(record.get("target")), _split_record(record.get("split")))
+                      _target_record(record.get("target")), _split_record(record.get("split")),
+                      _raw_dtype(record.get("raw_dtype")))
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{where}: unreadable '{INPUTS_KEY}' metadata ({type(exc).__name__}: {exc})") from None
 
@@ -128,6 +161,18 @@ def _target_record(target: Any) -> tuple[float, float] | None:
             or not (math.isfinite(target["shift"]) and math.isfinite(target["scale"]) and target["scale"] > 0):
         raise ValueError(f"target: expected finite shift and a positive scale, got {str(target)[:60]}")
     return float(target["shift"]), float(target["scale"])
+
+
+def _raw_dtype(name: Any) -> str | None:
+    if name is None:
+        return None
+    try:
+        dtype = np.dtype(str(name))
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in "biuf":
+        raise ValueError(f"raw_dtype: expected a numeric dtype name, got {str(name)[:40]!r}")
+    return dtype.name
 
 
 def _split_record(split: Any) -> dict[str, Any] | None:
@@ -188,27 +233,6 @@ def evaluation_data(cfg: Config, data: Dataset, inputs: Inputs | None, where: st
     notes.append(f"evaluate: inputs normalised as {where} was trained ({inputs.normalize}, the training split's "
                  f"statistics from its inputs record), not by this config's data.normalize '{cfg.data.normalize}'")
     return replace(data, train=replace(data.train, transform=fed), val=replace(data.val, transform=fed)), notes
-
-
-def read_inputs(path: str | Path) -> Inputs | None:
-    """The inputs record of a weights file without its weights (a final.safetensors' header; a
-    checkpoint is read and verified whole)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as fh:
-            metadata = fh.metadata() or {}
-    except (SafetensorError, OSError, ValueError):
-        return read_weights(path).inputs  # its errors name the file
-    if metadata.get("format") == CHECKPOINT_FORMAT:
-        return read_weights(path).inputs
-    text = metadata.get(INPUTS_KEY)
-    if text is None:
-        return None
-    try:
-        return inputs_from(json.loads(text), str(path))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: unreadable '{INPUTS_KEY}' metadata (not JSON: {exc})") from None
 
 
 def _text_record(text: Any) -> dict[str, Any] | None:

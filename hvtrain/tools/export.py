@@ -2,7 +2,8 @@
 verified on the spot.
 
 An artefact takes what `hvtrain predict` takes, raw rows `[N, *features]` as the dataset stores
-them (float32; int64 for token models), because the weights' `inputs` record (the training
+them (float32; int64 for token models; float64 where features far from zero relative to their
+spread need it: hvtrain.model.weights.export_dtypes), because the weights' `inputs` record (the training
 split's normalisation and the reshape, hvtrain.model.weights) is built into the graph, and gives
 what predict gives: class probabilities (softmax; binary: sigmoid, [N, 1]) or regression outputs.
 Input `x`, output `probabilities` (or `outputs`).
@@ -41,6 +42,7 @@ import numpy as np
 from hvtrain.backends.registry import EXPORT_FORMATS
 from hvtrain.errors import DataError, HvtrainError
 from hvtrain.io.reporter import remove_dead_temps
+from hvtrain.model.weights import export_dtypes
 from hvtrain.runtime.experiment import ConfigSource, load_experiment
 from hvtrain.runtime.session import loaded_model
 from hvtrain.tools.predict import (
@@ -135,7 +137,7 @@ def export_model(config: ConfigSource, weights: str, fmt: str, output: str, back
     return {"path": str(out), "format": fmt, "backend": name, "rows": checked.rows, "verified_on": described,
             "max_difference": checked.max_difference, "tolerance": tolerance,
             "input": {"name": "x", "shape": [None, *m.inputs.features],
-                      "dtype": np.dtype(m.inputs.transform.dtype).name},
+                      "dtype": export_dtypes(m.inputs)[0].name},
             "output": "probabilities" if m.cfg.loss in ("cross_entropy", "binary_cross_entropy") else "outputs"}
 
 
@@ -177,15 +179,16 @@ def verify(runner: Callable[[np.ndarray], np.ndarray], rows: Rows, inputs: Any, 
            tolerance: float = TOLERANCE, what: str = "the export") -> Verification:
     """The artefact's outputs for every row of `rows` against `reference` (the framework's, in
     row order): equal shapes, and max |difference| / max(1, |reference|) <= tolerance (a NaN counts
-    as infinitely far).
+    as infinitely far). The rows are fed as the artefact's input dtype (export_dtypes).
 
     Raises:
         ExportMismatch: naming the worst row, both values and the tolerance.
     """
     worst, at = 0.0, (0, 0)
+    takes = export_dtypes(inputs)[0]
     for lo in range(0, len(rows), PREDICT_BATCH):
         hi = min(len(rows), lo + PREDICT_BATCH)
-        raw = rows.read(lo, hi).reshape((hi - lo,) + tuple(inputs.features)).astype(inputs.transform.dtype)
+        raw = rows.read(lo, hi).reshape((hi - lo,) + tuple(inputs.features)).astype(takes)
         got = np.asarray(runner(np.ascontiguousarray(raw)), np.float64)
         want = np.asarray(reference[lo:hi], np.float64)
         if got.shape != want.shape:
