@@ -46,17 +46,24 @@ class CheckpointManager:
                  inputs: dict[str, Any] | None = None):
         self.cfg, self.runtime, self.reporter, self.layout, self.inputs = cfg, runtime, reporter, layout, inputs
         self.run_id = new_run_id()  # until start() agrees on one (elastic: the state sync does)
+        self.experiment = cfg.to_dict()  # what a checkpoint records of the run and a resume must match
         if runtime.info.is_main:
             for orphan in remove_orphans(reporter.out_dir):
                 reporter.notice(f"removed an unfinished checkpoint file: {orphan}")
 
-    def start(self, resume: str | None, shard: str, replicas: int) -> Resumed | None:
+    def start(self, resume: str | None, shard: str, replicas: int, data_content: str | None = None
+              ) -> Resumed | None:
         """Fix this run's id; with `resume`, find the checkpoint (rank 0) and hand each rank its share.
+        `data_content`: the data's content hash where the config cannot name the data (the Python
+        API's data=, a data entrypoint), recorded and matched as the key `data.content`: without it
+        a resume continued, or kept a finished run's results, on other arrays.
 
         Raises:
             CheckpointError, ConfigError, HvtrainError: no trustworthy checkpoint for this experiment.
         """
         info, rt = self.runtime.info, self.runtime
+        if data_content is not None:
+            self.experiment["data"] = {**self.experiment["data"], "content": data_content}
         header: Any = None
         found = None
         if info.is_main:
@@ -87,7 +94,7 @@ class CheckpointManager:
         return Resumed(header["path"], meta, state, same_world)
 
     def _find(self, resume: str) -> Checkpoint | None:
-        found = find_resume(self.reporter.out_dir, resume, self.cfg.to_dict(), self.reporter.notice)
+        found = find_resume(self.reporter.out_dir, resume, self.experiment, self.reporter.notice)
         if found is None:
             return None
         meta = found.meta
@@ -126,7 +133,7 @@ class CheckpointManager:
             tensors.update(decode(blob))
         meta = {**position, "run_id": self.run_id, "world_size": info.size, "replicas": replicas,
                 "backend": self.cfg.backend,
-                "layout": self.layout, "config": self.cfg.to_dict(), "hvtrain_version": __version__,
+                "layout": self.layout, "config": self.experiment, "hvtrain_version": __version__,
                 **({"inputs": self.inputs} if self.inputs is not None else {})}
         path = save(self.reporter.out_dir, tensors, meta, self.cfg.train.keep)
         self.reporter.print(f"checkpoint: {path} ({where(position)})")

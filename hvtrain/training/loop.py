@@ -24,7 +24,7 @@ from hvtrain.io.checkpoints import where
 from hvtrain.metrics.suite import MetricSet
 from hvtrain.runtime.horovod import Runtime
 from hvtrain.training.finish import finish
-from hvtrain.training.resume import finished, finished_without_checkpoints, kept_results
+from hvtrain.training.resume import finished, finished_without_checkpoints, kept_results, unnamed_data
 from hvtrain.training.run import EpochResult, Position, Run
 from hvtrain.training.schedule import LRSchedule, schedule_step
 from hvtrain.version import __version__
@@ -41,7 +41,8 @@ def fit(run: Run, resume: str | None = None, elastic: Any = None) -> dict[str, A
     t0 = time.perf_counter()
     # Elastic runs start without talking (a joining worker must meet only Horovod's state sync);
     # their run id travels in the elastic state instead. They never resume from files.
-    resumed = run.checkpoints.start(resume, run.steps.shard, run.steps.replicas) if elastic is None else None
+    resumed = run.checkpoints.start(resume, run.steps.shard, run.steps.replicas, unnamed_data(run)) \
+        if elastic is None else None
     pos = Position()
     if resume and resumed is None and run.init_unread:
         raise HvtrainError(f"--resume {resume}: no checkpoint to continue, and model.init_from "

@@ -51,6 +51,15 @@ def kept_results(run: Run, path: str, meta: dict[str, Any], pos: Position, resum
     return summary
 
 
+def unnamed_data(run: Run) -> str | None:
+    """The data's content hash where the config does not name the data (the Python API's data=, a
+    data entrypoint's arrays or object), for checkpoints to record and a resume to match; None
+    where the config names files (the same paths are the same experiment: a data set copied
+    again to a node's scratch disk resumes)."""
+    d = run.cfg.data
+    return run.data.content_hash() if d.provided is not None or d.entrypoint is not None else None
+
+
 def finished_without_checkpoints(run: Run) -> dict[str, Any] | None:
     """`--resume auto` (a requeue script passes it every time) where no checkpoint is, because
     this config writes none: when the directory holds the finished outputs of this same config

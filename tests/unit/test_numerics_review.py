@@ -143,6 +143,27 @@ def test_resume_auto_without_checkpoints_never_keeps_a_model_factorys_results(tm
     assert "a model= factory is known only by its name (python:" in capsys.readouterr().out
 
 
+def test_resume_from_a_checkpoint_of_other_arrays_is_refused_in_one_line(tmp_path):
+    """The same with checkpoints: their match compares config keys, which say nothing of data=, so a
+    finished run's results were kept for other arrays (0 steps trained) and a run cut at step 40
+    continued on other arrays. Checkpoints now record the content of data the config cannot name
+    (`data.content`); another one is a different experiment: one ConfigError naming the key. The
+    same arrays resume as before."""
+    from hvtrain.errors import ConfigError
+
+    first, _ = fit_loop(tmp_path / "a", data=arrays(0))
+    with pytest.raises(ConfigError, match=r"^--resume auto: no checkpoint in .* was made with this experiment; the "
+                                          r"newest, ckpt-\w+-s00000080.safetensors, differs in data.content: "):
+        fit_loop(tmp_path / "a", data=arrays(1), resume="auto")
+    again, steps = fit_loop(tmp_path / "a", data=arrays(0), resume="auto")
+    assert steps.lrs == [] and again == first
+    fit_loop(tmp_path / "b", "train.max_steps=40", data=arrays(0))
+    with pytest.raises(ConfigError, match=r"differs in data.content: checkpoint '\w+', this run '\w+'"):
+        fit_loop(tmp_path / "b", data=arrays(1), resume="auto")
+    _, steps = fit_loop(tmp_path / "b", data=arrays(0), resume="auto")
+    assert len(steps.lrs) == 40
+
+
 # ----------------------------------------------------------------------------- evaluate
 
 
