@@ -1,10 +1,10 @@
-# make setup | make demo | make test | make bench | make lint
+# make setup | make demo | make test | make bench | make lint | make docs (the guide, strict, into site/)
 # make bench: BENCHMARKS.md (~20 min); BENCH_QUICK=1 make bench: the smoke run; BENCH_REPEATS=N
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2
 
-.PHONY: setup demo test test-unit bench lint clean
+.PHONY: setup demo test test-unit bench lint docs clean
 
 setup:
 	VENV=$(VENV) scripts/setup.sh
@@ -24,5 +24,8 @@ bench: setup
 lint: setup
 	$(VENV)/bin/ruff check hvtrain backends tests bench
 
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --quiet -d site
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site
