@@ -67,18 +67,12 @@ def elastic_launch() -> bool:
     return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
-# SLURM_PROCID last: every rank of a horovodrun inside an sbatch script inherits the script's 0
-RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_PROCID")
-
-
 def launcher_rank() -> int | None:
-    """This process's rank as its launcher set it, before MPI starts (None: no launcher variable)."""
-    for name in RANK_VARS:
-        try:
-            return int(os.environ[name])
-        except (KeyError, ValueError):
-            continue
-    return None
+    """This process's rank as its launcher set it, before MPI starts (None: run alone): launch_rank's,
+    the one reader of LAUNCH_VARS (a bare SLURM_PROCID, which every process of an sbatch script
+    inherits, names no rank)."""
+    where = launch_rank()
+    return where[0] if where else None
 
 
 def launched_with_gloo() -> bool:

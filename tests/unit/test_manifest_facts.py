@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from hvtrain.launch.process import RANK_VARS
+from hvtrain.launch.process import LAUNCH_VARS
 from hvtrain.runtime import manifest
 
 
 @pytest.fixture
 def clean(monkeypatch):
-    for name in RANK_VARS:
+    for name in (name for pair in LAUNCH_VARS for name in pair):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(manifest, "_BEFORE_MPI", {})
     calls: list[str] = []
@@ -20,11 +20,13 @@ def clean(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("env, runs", [({}, True), ({"OMPI_COMM_WORLD_RANK": "0"}, True),
-                                       ({"OMPI_COMM_WORLD_RANK": "3"}, False), ({"SLURM_PROCID": "1"}, False),
-                                       ({"PMI_RANK": "0"}, True), ({"HOROVOD_RANK": "2"}, False),
+@pytest.mark.parametrize("env, runs", [({}, True), ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}, True),
+                                       ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}, False),
+                                       ({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2"}, False),
+                                       ({"PMI_RANK": "0", "PMI_SIZE": "2"}, True),
+                                       ({"HOROVOD_RANK": "2", "HOROVOD_SIZE": "4"}, False),
                                        # horovodrun inside sbatch: every rank inherits SLURM_PROCID=0
-                                       ({"SLURM_PROCID": "0", "HOROVOD_RANK": "1"}, False)])
+                                       ({"SLURM_PROCID": "0", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}, False)])
 def test_only_the_future_rank_0_runs_subprocesses_before_mpi(clean, monkeypatch, env, runs):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
