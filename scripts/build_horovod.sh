@@ -24,14 +24,19 @@
 #      they start (ignored, not blocked: dash unblocks every signal), ignore SIGTERM:
 #      a SIGTERM to the whole job (Slurm) killed them, orphaning the ranks, and
 #      horovodrun --gloo exited 143 whatever the ranks did. Horovod ends them through
-#      its events, never by SIGTERM; hvtrain's ranks install their own handler, so
-#      they still take it (a command without one ignores it: SIGKILL 5 s later).
+#      its events (SIGTERM to the command, SIGKILL 5 s later).
 #   7. the same file, terminate_executor_shell_and_children (the middleman ending its
 #      command, e.g. on horovodrun --gloo's SIGTERM): it froze the shell (SIGSTOP) even
 #      when every command had ended, and reaped it with psutil's wait, racing the
 #      middleman's own subprocess wait: a pre-empted job's 75 came out as 0 (the lost
 #      status) or 137 (the frozen shell SIGKILLed). Now the shell is frozen only while a
 #      command is still alive, and waited for without reaping (runner_patch.py).
+#   8. horovod/runner/gloo_run.py, _exec_command: a rank on this host runs its command
+#      with SIGTERM back at its default (runner_patch.with_default_sigterm): an ignored
+#      signal is inherited, so after edit 6 every rank ignored SIGTERM, and a rank without
+#      a handler of its own (an elastic rank, predict, a user's script) could not be ended
+#      by it: Horovod's teardown always waited 5 s, then SIGKILLed it. A remote rank's
+#      ssh keeps ignoring it (the remote command starts afresh).
 # cmake 4 needs CMAKE_POLICY_VERSION_MINIMUM=3.5 for Horovod's bundled projects.
 #
 # The wheel is cached under ${HVTRAIN_CACHE_DIR:-~/.cache/hvtrain}/horovod/<key>/,
@@ -66,7 +71,7 @@ script_hash=$(cat "${BASH_SOURCE[0]}" "$here/runner_patch.py" | sha256sum | cut 
 key="hvd${HVD_VERSION}-${versions}-${mpi_version}-${script_hash}"
 cache_dir="$cache_root/horovod/$key"
 
-patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 to 7, checked
+patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 to 8, checked
   cp "$here/runner_patch.py" "$1/hvtrain_patch.py"
   patch_file "$1/mpi_run.py" \
     "s|^        os.execve('/bin/sh', \['/bin/sh', '-c', mpirun_command\], env)$|        from horovod.runner.hvtrain_patch import run_mpirun; sys.exit(run_mpirun(mpirun_command, env))|" \
@@ -77,6 +82,9 @@ patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 to 7, checked
   patch_file "$1/gloo_run.py" \
     "s|^    signal.signal(signal.SIGTERM, set_event_on_signal)$|&\n    signal.signal(signal.SIGUSR1, set_event_on_signal)  # hvtrain's patch: a notice, as SIGTERM|" \
     "signal.signal(signal.SIGUSR1, set_event_on_signal)"
+  patch_file "$1/gloo_run.py" \
+    "/^def _exec_command_fn(/,/^def create_run_env_vars/ s|^        if settings.verbose:$|        else:  # hvtrain's patch: edit 8\n            from horovod.runner.hvtrain_patch import with_default_sigterm; command = with_default_sigterm(command)\n\n&|" \
+    "command = with_default_sigterm(command)"
   patch_file "$1/common/util/safe_shell_exec.py" \
     "s|^    os.setsid()$|&\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # hvtrain's patch: edit 6|" \
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # hvtrain"

@@ -17,6 +17,8 @@ def doctor(backend: str) -> None:
         click.echo(f"{section}:")
         for key, value in rows.items():
             click.echo(f"  {key:<22} {value}")
+    for w in report.warnings:
+        click.echo(f"warning: {w}", err=True)
     problems = report.problems(backend)
     for p in problems:
         click.echo(f"problem: {p}", err=True)

@@ -102,8 +102,12 @@ def run(p: Plan) -> int:
     then reaches the ranks and this process, but not mpirun or horovodrun, which would kill the
     ranks before they can checkpoint (mpirun SIGKILLs them 2 s later and exits 1; horovodrun
     --gloo 5 s later). srun passes a SIGTERM on to its tasks itself, so it keeps it."""
+    from hvtrain.launch.horovodrun import runner_patch
     from hvtrain.launch.notice import Notice
 
+    if p.argv[1:3] == ["-m", HOROVODRUN_MODULE] and not (patch := runner_patch()).startswith("present"):
+        print(f"hvtrain launch: warning: Horovod's launcher lacks hvtrain's patch ({patch}): a pre-emption may end "
+              "this job with 143 or 1 instead of 75 and a checkpoint (`hvtrain doctor`)", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="hvtrain-launch-") as tmp, Notice() as notice:
         argv = list(p.argv)
         if p.hostfile_text is not None:

@@ -24,6 +24,33 @@ from pathlib import Path
 
 MODULE = "hvtrain.launch.horovodrun"  # how manifests recognise this launcher in a rank's parents
 
+# The PATCH of scripts/runner_patch.py this hvtrain expects in the installed Horovod (installed there
+# as horovod/runner/hvtrain_patch.py by scripts/build_horovod.sh; tests/unit/test_signals_review.py
+# holds the two equal). Without it, the README's plain-horovodrun and --gloo pre-emption rows are false.
+RUNNER_PATCH = 2
+
+
+def runner_patch() -> str:
+    """What the installed Horovod carries of hvtrain's launcher patch, read from its file (Horovod is
+    not imported): `present (N)`, `outdated (N, expected M)`, `absent` (a site or pip Horovod), or
+    `no horovod`."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("horovod")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return "no horovod"
+    path = Path(list(spec.submodule_search_locations)[0]) / "runner" / "hvtrain_patch.py"
+    try:
+        found = re.search(r"^PATCH = (\d+)$", path.read_text(), re.MULTILINE)
+    except OSError:
+        return "absent"
+    have = int(found.group(1)) if found else 1  # the first patch had no number
+    return f"present ({have})" if have == RUNNER_PATCH else f"outdated ({have}, expected {RUNNER_PATCH})"
+
 
 def cache_file(horovod_dir: Path, version: str) -> Path | None:
     """The cache entry of this Horovod build (its extension libraries, as installed); None when

@@ -1,8 +1,9 @@
 """manifest.json: what a cluster user needs to reproduce a run or file a bug.
 
-Versions (hvtrain, Horovod, the framework, MPI, Python), the launcher and its argv, hosts and
-slots (every rank says where it runs), world size, the Horovod knobs in effect, the scheduler
-job, the config hash and the git commit of the working directory when there is one.
+Versions (hvtrain, Horovod and whether it carries hvtrain's launcher patch, the framework, MPI,
+Python), the launcher and its argv, hosts and slots (every rank says where it runs), world size,
+the Horovod knobs in effect, the scheduler job, the config hash and the git commit of the working
+directory when there is one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from hvtrain.config.schema import Config
 from hvtrain.launch.horovodrun import MODULE as HOROVODRUN_MODULE
+from hvtrain.launch.horovodrun import runner_patch
 from hvtrain.launch.process import elastic_launch, launched_with_gloo, launcher_rank
 from hvtrain.version import __version__
 
@@ -107,6 +109,7 @@ def build(cfg: Config, hosts: list[str], world_size: int, cpus: list[list[int]] 
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "hvtrain": __version__, "python": platform.python_version(), "platform": platform.platform(),
         **versions(cfg.backend),
+        "horovod_runner_patch": runner_patch(),  # present (N): the README's horovodrun pre-emption rows hold
         "mpi": {"flavour": mpi.flavour, "version": mpi.version, "mpirun": mpi.path},
         "launcher": launcher(), "argv": sys.argv,
         "world_size": world_size,
