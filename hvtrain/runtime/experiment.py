@@ -6,7 +6,7 @@ framework is imported, so bad input fails fast with one located line.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +36,15 @@ ConfigSource = str | Path | Mapping[str, Any] | Config
 
 
 def prepare(config: ConfigSource, backend: str | None = None, output_dir: str | None = None,
-            overrides: Sequence[str] = (), model: Any = None, data: Any = None) -> Prepared:
+            overrides: Sequence[str] = (), model: Any = None, data: Any = None,
+            stop: Callable[[str], None] | None = None) -> Prepared:
     """Load and check a config (a YAML path, a mapping or a Config) and its data; `model` and `data`
-    are the Python API's native-model callable and arrays/random-access object. Raises HvtrainError
-    subclasses on bad input."""
+    are the Python API's native-model callable and arrays/random-access object. `stop(before)` is
+    called between the config and the data (training's StopSignals.check: a pre-emption notice
+    ends the rank there). Raises HvtrainError subclasses on bad input."""
     cfg = load_experiment(config, backend, output_dir, overrides, model, data)
+    if stop is not None:
+        stop("the data")
     spec = build_spec(cfg) if cfg.model.entrypoint is None else None
     data = load_dataset(cfg, spec.input_shape if spec else _tuple(cfg.model.input_shape),
                         spec.integer_input if spec else False)

@@ -52,6 +52,8 @@ class Session:
         self.cfg, self.elastic = cfg, elastic
         self.backend = get_backend(cfg.backend)
         self.runtime = Runtime(cfg.backend)
+        if signals is not None:  # training's StopSignals: a notice during the imports ends this rank before MPI
+            signals.check("Horovod's init")
         self.comm = self.plan = None
         groups = None
         if not _mpi_started(self.runtime):  # else too late: the manifest must not claim it

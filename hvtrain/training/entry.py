@@ -37,38 +37,41 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
           elastic: bool = False, model: Any = None, data: Any = None, signals: Any = None) -> dict[str, Any]:
     """Train one experiment on this process's rank: data parallel, pipelined or hybrid, one loop.
     `signals`: the hvtrain.training.preempt.StopSignals the caller installed already (the CLI does, first)."""
-    p = prepare(config, backend, output_dir, overrides, model, data)
-    check_output_dir(p.cfg, output_dir)
-    tbevents.check(p.cfg)
-    if p.spec is not None and p.cfg.model.init_from is not None:  # checked before any rank starts
-        if resuming(p.cfg, resume):  # the checkpoint's weights replace the initial ones anyway
-            p.initial_note = (f"init_from {p.cfg.model.init_from}: not read (resuming from a checkpoint, whose "
-                              "weights continue)")
-        else:
-            from hvtrain.model.weights import initial_weights
-
-            p.initial, p.initial_note = initial_weights(p.cfg, p.spec)
-    if elastic and resume is not None:
-        raise ConfigError("--elastic and --resume cannot be combined: elastic state is committed in memory "
-                          "and restored by Horovod; resume a non-elastic run from its checkpoints instead")
-    if elastic and not elastic_launch():
-        raise ConfigError("--elastic: not launched by Horovod elastic; use horovodrun -np N --min-np A --max-np B "
-                          "--host-discovery-script SCRIPT hvtrain train CONFIG --elastic")
-    if elastic and p.cfg.pipelined:
-        raise ConfigError("--elastic: pipelined runs cannot be elastic (stages are bound to ranks)")
-    if p.cfg.pipelined:
-        from hvtrain.launch.process import launched_with_gloo
-
-        if launched_with_gloo():
-            raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
-                             "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
     from hvtrain.runtime.manifest import collect_before_mpi
     from hvtrain.training.preempt import StopSignals
 
-    # Recorded from here on at the latest (the CLI's from its start), so that a pre-emption notice
-    # during start-up ends the run before its first step (exit 75) instead of killing it.
+    # Recorded from here on at the latest (the CLI's from its start): a pre-emption notice during
+    # start-up ends this rank at the next phase boundary (signals.check), or, once Horovod runs,
+    # every rank before the first step, exit 75 with nothing to lose, instead of killing it.
     # Elastic runs keep the default handlers: their loop does not check (Horovod elastic restarts).
     with nullcontext(signals) if signals is not None else StopSignals(enabled=not elastic) as signals:
+        signals.check("the config")
+        p = prepare(config, backend, output_dir, overrides, model, data, stop=signals.check)
+        check_output_dir(p.cfg, output_dir)
+        tbevents.check(p.cfg)
+        if p.spec is not None and p.cfg.model.init_from is not None:  # checked before any rank starts
+            if resuming(p.cfg, resume):  # the checkpoint's weights replace the initial ones anyway
+                p.initial_note = (f"init_from {p.cfg.model.init_from}: not read (resuming from a checkpoint, whose "
+                                  "weights continue)")
+            else:
+                from hvtrain.model.weights import initial_weights
+
+                p.initial, p.initial_note = initial_weights(p.cfg, p.spec)
+        if elastic and resume is not None:
+            raise ConfigError("--elastic and --resume cannot be combined: elastic state is committed in memory "
+                              "and restored by Horovod; resume a non-elastic run from its checkpoints instead")
+        if elastic and not elastic_launch():
+            raise ConfigError("--elastic: not launched by Horovod elastic; use horovodrun -np N --min-np A --max-np "
+                              "B --host-discovery-script SCRIPT hvtrain train CONFIG --elastic")
+        if elastic and p.cfg.pipelined:
+            raise ConfigError("--elastic: pipelined runs cannot be elastic (stages are bound to ranks)")
+        if p.cfg.pipelined:
+            from hvtrain.launch.process import launched_with_gloo
+
+            if launched_with_gloo():
+                raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
+                                 "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
+        signals.check("the framework's import")
         collect_before_mpi()
         return _train(p, quiet, resume, elastic, signals)
 
