@@ -1,0 +1,50 @@
+"""What the backends compute when they train, in one process through the Python API (the real loop,
+the real framework; the multi-process proofs of the same runs are in tests/parallel): every loss
+learns, and accumulated micro-batches equal one larger batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hvtrain
+from hvtrain.config.load import load_config
+from hvtrain.data.dataset import load_dataset
+from tests.conftest import load_weights, max_abs_diff
+from tests.support.launch import BACKENDS
+
+EQUIV = "tests/configs/equiv_mlp.yaml"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("loss,dataset,features,metric,target", [
+    ("binary_cross_entropy", "sklearn:breast_cancer", 30, "val_accuracy", 0.9),
+    ("mse", "synthetic:regression", 10, "val_mse", 0.01),
+    ("mae", "synthetic:regression", 10, "val_mae", 0.1),
+])
+def test_every_loss_trains_end_to_end(tmp_path, backend, loss, dataset, features, metric, target):
+    """binary_cross_entropy, mse and mae (a regression dataset), both frameworks."""
+    cfg = {"name": loss, "seed": 3, "backend": backend, "loss": loss,
+           "data": {"dataset": dataset, "samples": 2000, "features": features, "batch_size": 32},
+           "model": {"input_shape": [features], "layers": [{"type": "dense", "units": 32, "activation": "relu"},
+                                                           {"type": "dense", "units": 1}]},
+           "optimizer": {"name": "adam", "lr": 1e-2}, "train": {"epochs": 15, "threads": 1}}
+    s = hvtrain.train(cfg, output_dir=str(tmp_path), quiet=True)
+    if metric == "val_accuracy":
+        assert s[metric] >= target, s
+    else:  # regression: the error is a small fraction of the target's spread (variance for mse, std for mae)
+        y = load_dataset(load_config(cfg)).y_val
+        spread = float(np.var(y)) if metric == "val_mse" else float(np.std(y))
+        assert s[metric] <= target * spread, (s, spread)
+        assert "val_accuracy" not in s and {"val_mse", "val_mae"} <= set(s)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_accumulation_equals_a_larger_batch(tmp_path, backend):
+    """Batch 32 with 2 accumulated micro-batches per step is batch 64 (SGD with momentum, one epoch)."""
+    hvtrain.train(EQUIV, backend=backend, output_dir=str(tmp_path / "b64"), overrides=["data.batch_size=64"],
+                  quiet=True)
+    hvtrain.train(EQUIV, backend=backend, output_dir=str(tmp_path / "acc"), overrides=["train.grad_accumulation=2"],
+                  quiet=True)
+    diff = max_abs_diff(load_weights(tmp_path / "acc/final.safetensors"), load_weights(tmp_path / "b64/final.safetensors"))
+    assert diff <= 1e-5, f"{backend}: batch 32 x 2 accumulation vs batch 64 differ by {diff}"
