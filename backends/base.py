@@ -62,7 +62,8 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int, runtime: Collectives, example: np.ndarray | None = None) -> None:
+              num_outputs: int, runtime: Collectives, example: np.ndarray | None = None,
+              form: OutputForm | None = None) -> None:
         """Model (from `spec`, or `cfg.model.entrypoint` when spec is None) and optimizer; load
         `weights` (neutral layout) if given; unless the run is elastic (whose state sync does it),
         broadcast the model and optimizer state from rank 0 so every rank starts equal.
@@ -71,7 +72,9 @@ class Backend(ABC):
         probe batch; required then) before its optimizer is built: its first forward builds what
         is not built yet and finds whether it reads token ids (native_inputs), a second one on the
         broadcast weights what it returns (hvtrain.model.native.decide_form, the one contract of every
-        backend), which fixes how its output becomes logits for the loss, predict and export.
+        backend), which fixes how its output becomes logits for the loss, predict and export:
+        decided there when the model is built to train (`weights` None); with `weights`, `form` is
+        the one their inputs record holds (None: a file written before it), reused and checked.
 
         Raises:
             ConfigError: at model.entrypoint, an output the contract refuses or a forward that fails.

@@ -74,7 +74,8 @@ class TensorFlowBackend(Backend):
         return self.form
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int, runtime: Collectives, example: np.ndarray | None = None) -> None:
+              num_outputs: int, runtime: Collectives, example: np.ndarray | None = None,
+              form: OutputForm | None = None) -> None:
         self.cfg, self.spec, self.runtime, self.num_outputs = cfg, spec, runtime, num_outputs
         self.form, self.native = PLAIN, NativeInputs(spec.integer_input) if spec is not None else None
         policy = POLICY.get(cfg.train.precision)
@@ -104,7 +105,8 @@ class TensorFlowBackend(Backend):
             runtime.horovod.broadcast(self.optimizer.variables)
         if spec is None:  # decided on the broadcast weights: the same on every rank
             x = example.astype(np.int64) if self.native.token_ids else example
-            self.form = decide_form(cfg, returned(cfg, self.model, x), len(x), num_outputs)
+            self.form = decide_form(cfg, returned(cfg, self.model, x), len(x), num_outputs, form,
+                                    training=weights is None)
         self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.train_vars]
         self.loss_acc = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.loss_fn = LOSSES[cfg.loss]

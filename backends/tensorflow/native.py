@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvtrain.config.schema import Config
+from hvtrain.errors import HvtrainError
 from hvtrain.model.native import ACTIVATIONS, ONE_BELOW, TINY, NativeInputs, OutputForm, Returned
 
 
@@ -81,17 +82,35 @@ def reads(cfg: Config, model: keras.Model, x: np.ndarray, device: Any = None) ->
     return NativeInputs(True, min(hits) if hits else None)
 
 
-def _activation(model: keras.Model, out: Any) -> str | None:
+def _activation(model: keras.Model, out: Any) -> dict[str, Any]:
     """The activation that made `out`: Keras marks a softmax's or sigmoid's output with the
-    logits it was given (what its own losses read); a Sequential's last layer names its own."""
+    logits it was given (what its own losses read: `pre`, read again in every call); a
+    Sequential's last layer names its own."""
     logits = getattr(out, "_keras_logits", None)
-    if logits is not None:
-        near = np.allclose(np.asarray(tf.sigmoid(tf.cast(logits, tf.float32))), np.asarray(out, np.float32), atol=1e-3)
-        return "sigmoid" if near else "softmax"
+    if logits is not None and tuple(logits.shape) == tuple(out.shape):
+        return {"activation": _sigmoid_or_softmax(np.asarray(tf.cast(logits, tf.float64)),
+                                                  np.asarray(tf.cast(out, tf.float64))), "pre": True}
     if isinstance(model, keras.Sequential) and model.layers:
         name = getattr(getattr(model.layers[-1], "activation", None), "__name__", None)
-        return name if name in ACTIVATIONS else None
-    return None
+        return {"activation": name} if name in ACTIVATIONS else {}
+    return {}
+
+
+def _sigmoid_or_softmax(z: np.ndarray, p: np.ndarray) -> str | None:
+    """Which of the two made `p` from `z`, compared in log space on the finite rows (a sure
+    softmax's [1, 1e-7] and the sigmoid of its logits, [0.9997, 3e-4], agree to 1e-3 in value,
+    not in log: -16 against -8). None: no finite row to tell by."""
+    z, p = z.reshape(len(z), -1), p.reshape(len(p), -1)
+    rows = np.all(np.isfinite(z), axis=1) & np.all(np.isfinite(p), axis=1)
+    z, p = z[rows], p[rows]
+    if not len(z):
+        return None
+    seen = p > 1e-30  # an underflowed probability has no log to compare
+    logp = np.log(np.where(seen, p, 1.0))
+    log_sigmoid = -np.logaddexp(0.0, -z)
+    log_softmax = z - np.logaddexp.reduce(z, axis=1, keepdims=True)
+    off = [float(np.max(np.abs(logp - c)[seen], initial=0.0)) for c in (log_sigmoid, log_softmax)]
+    return "sigmoid" if off[0] <= off[1] else "softmax"
 
 
 def returned(cfg: Config, model: keras.Model, x: np.ndarray, device: Any = None) -> Returned:
@@ -104,21 +123,43 @@ def returned(cfg: Config, model: keras.Model, x: np.ndarray, device: Any = None)
             return Returned(f"mapping whose 'logits' is a {type(t).__name__}")
         if t is None:
             return Returned("mapping", keys)
-        return Returned("mapping", keys, scores=np.asarray(t, np.float64), activation=_activation(model, t))
+        return Returned("mapping", keys, scores=np.asarray(t, np.float64), **_activation(model, t))
     if isinstance(out, (tuple, list)):
         return Returned("sequence", length=len(out))
     if not tf.is_tensor(out):
         return Returned(type(out).__name__)
-    return Returned("tensor", scores=np.asarray(out, np.float64), activation=_activation(model, out))
+    return Returned("tensor", scores=np.asarray(out, np.float64), **_activation(model, out))
 
 
-def scores(form: OutputForm, out: Any) -> tf.Tensor:
-    """The model's output as [batch, width] float32 logits, as `form` says."""
+def reading(form: OutputForm) -> None:
+    """What a call runs under so that `scores` can read its final activation's logits: nothing,
+    Keras attaches them to the output itself (torch's forward runs under a recorder)."""
+    return None
+
+
+def scores(form: OutputForm, out: Any, seen: None = None) -> tf.Tensor:
+    """The model's output as [batch, width] float32 logits, as `form` says: where it reads the
+    final activation's input, the `_keras_logits` Keras attached to the output (in a traced step
+    too, as its own losses read them). `seen`: `reading`'s, None.
+
+    Raises:
+        HvtrainError: the form reads them and this call's output carries none (a call that differs
+            from the probe's).
+    """
     if form.key is not None:
         out = out[form.key]
+    if form.pre:
+        logits = getattr(out, "_keras_logits", None)
+        if logits is None:
+            raise HvtrainError(f"model.entrypoint: this call's output carries no logits of its final {form.undo} "
+                               "(Keras's _keras_logits, which the probe batch's had), whose input hvtrain trains "
+                               "on: a call must end the same way every time")
+        out = logits
     out = tf.cast(out, tf.float32)
     if form.flat:
         out = tf.reshape(out, (-1, 1))
+    if form.pre:
+        return out
     if form.undo == "softmax":
         return tf.math.log(tf.maximum(out, TINY))
     if form.undo == "sigmoid":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from hvtrain.model.weights import Inputs
 from .export import export as export_model
 from .export import load as load_exported
 from .model import build_model, from_native, to_native
-from .native import reads, returned, scores
+from .native import reading, reads, returned, scores
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 from .stage import TorchStage
 
@@ -59,7 +60,8 @@ class TorchBackend(Backend):
         return self.form
 
     def build(self, cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-              num_outputs: int, runtime: Collectives, example: np.ndarray | None = None) -> None:
+              num_outputs: int, runtime: Collectives, example: np.ndarray | None = None,
+              form: OutputForm | None = None) -> None:
         self.cfg, self.spec, self.runtime = cfg, spec, runtime
         model = load_entrypoint(cfg, torch.nn.Module, "torch.nn.Module") if spec is None else build_model(spec)
         self.model = model.to(self.device)
@@ -79,7 +81,8 @@ class TorchBackend(Backend):
                 cfg.horovod.num_groups)
         if spec is None:  # decided on the broadcast weights: the same on every rank
             x = example.astype(np.int64) if self.native.token_ids else example
-            self.form = decide_form(cfg, returned(cfg, self.model, x, self.device), len(x), num_outputs)
+            self.form = decide_form(cfg, returned(cfg, self.model, x, self.device), len(x), num_outputs, form,
+                                    training=weights is None)
         self.autocast = AUTOCAST.get(cfg.train.precision)
         # 2^15 to start, as Keras and the pipeline loss scale do
         self.scaler = torch.amp.GradScaler(self.device.type, init_scale=2.0 ** 15) \
@@ -104,13 +107,15 @@ class TorchBackend(Backend):
         padding = not sample_weight.any()  # an empty share: joins the allreduce, touches no statistics
         if padding:
             self.model.eval()
+        seen = reading(self.form)
         try:
-            with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None), \
+                    seen or nullcontext():
                 out = self.model(xt)
         finally:
             if padding:
                 self.model.train()
-        loss = (self.loss_fn(scores(self.form, out), yt) * wt).sum()
+        loss = (self.loss_fn(scores(self.form, out, seen), yt) * wt).sum()
         finite = bool(torch.isfinite(loss))
         if not finite and not self.skip_nan:
             return False  # the loop stops the job, naming this rank and step
@@ -173,8 +178,11 @@ class TorchBackend(Backend):
     @torch.no_grad()
     def predict(self, x: np.ndarray) -> np.ndarray:
         self.model.eval()
+        seen = reading(self.form)
         try:
-            return scores(self.form, self.model(torch.from_numpy(x).to(self.device))).cpu().numpy()
+            with seen or nullcontext():
+                out = self.model(torch.from_numpy(x).to(self.device))
+            return scores(self.form, out, seen).cpu().numpy()
         finally:
             self.model.train()
 

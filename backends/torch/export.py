@@ -19,7 +19,7 @@ import torch
 from hvtrain.model.native import PLAIN, OutputForm
 from hvtrain.model.weights import Inputs, export_dtypes
 
-from .native import scores
+from .native import reading, scores
 
 OPSET = 18  # torch.onnx's dynamo exporter's default
 
@@ -52,7 +52,10 @@ class _Served(torch.nn.Module):
             x = ((x.reshape(-1, self.width).double() - self.shift) / self.scale).float()
         elif self.normalise:
             x = (x.reshape(-1, self.width) - self.shift) / self.scale
-        out = scores(self.form, self.model(x.reshape((-1,) + self.shape)))  # logits, as training saw them
+        seen = reading(self.form)
+        with seen or contextlib.nullcontext():
+            out = self.model(x.reshape((-1,) + self.shape))
+        out = scores(self.form, out, seen)  # logits, as training saw them
         if self.activation == "softmax":
             return torch.softmax(out, dim=1)
         if self.activation == "sigmoid":
@@ -64,7 +67,8 @@ class _Served(torch.nn.Module):
 
 def export(model: torch.nn.Module, fmt: str, path: str, inputs: Inputs, form: OutputForm = PLAIN) -> None:
     """Write `model` (not changed: a CPU copy in eval mode is exported) as `fmt` to `path`; `form`
-    (hvtrain.model.native) turns an entrypoint model's output into the logits the activation is applied to."""
+    (hvtrain.model.native) turns an entrypoint model's output into the logits the activation is applied to
+    (the input of its final activation where the form reads it, as training did)."""
     served = _Served(copy.deepcopy(model).cpu().float().eval(), inputs, form).eval()
     dtype = torch.from_numpy(np.zeros(0, export_dtypes(inputs)[0])).dtype
     example = torch.zeros((2,) + tuple(inputs.features), dtype=dtype)

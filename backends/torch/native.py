@@ -1,8 +1,10 @@
 """An entrypoint torch model against hvtrain's native-model contract (hvtrain.model.native): what it
-reads and returns on the probe batch, and its output turned into logits (`scores`)."""
+reads and returns on the probe batch, and its output turned into logits (`scores`: the input of
+its final softmax/sigmoid where the probe saw that call, read in every forward by `reading`)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +14,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from hvtrain.config.schema import Config
+from hvtrain.errors import HvtrainError
 from hvtrain.model.native import ACTIVATIONS, ONE_BELOW, TINY, NativeInputs, OutputForm, Returned
 
 EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
@@ -79,39 +82,60 @@ def reads(cfg: Config, model: nn.Module, x: np.ndarray, device: torch.device) ->
             h.remove()
 
 
-class _Made(TorchFunctionMode):
-    """Records which op made each tensor (and from which input), for `returned`."""
+class Provenance(TorchFunctionMode):
+    """Which softmax / sigmoid / log_softmax call of one forward made each tensor, through the ops
+    that pass its values on (_PASSING), for `returned` and `scores`.
 
-    def __init__(self) -> None:
+    Records hold weak references, never a tensor: the probe kept every intermediate alive (a model
+    whose forward needs 483 MiB under no_grad peaked at 3364 MiB). Only with `keep`, the input of
+    the latest activation call (its logits) is kept, one at a time, and the ops that follow that
+    activation are applied to it as well, so `scores` trains on the logits it was given."""
+
+    def __init__(self, keep: bool = False) -> None:
         super().__init__()
-        self.by: dict[int, tuple[str, torch.Tensor, torch.Tensor | None]] = {}
+        self.keep, self.calls = keep, 0
+        self.made: dict[int, tuple[weakref.ref, str, int, bool]] = {}  # id -> (tensor, op, call, input readable)
+        self.logits: dict[int, torch.Tensor] = {}  # id -> the logits of the latest call's tensors
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor):
-            src = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            self.by[id(out)] = (getattr(func, "__name__", "").rstrip("_"), out, src)
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not isinstance(out, torch.Tensor):
+            return out
+        name = getattr(func, "__name__", "")
+        inplace = name.endswith("_") and not name.endswith("__")  # x.sigmoid_(): its input is gone
+        name = name[:-1] if inplace else name
+        src = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if name in ACTIVATIONS:
+            self.made[id(out)] = (weakref.ref(out), name, self.calls, not inplace)
+            self.calls += 1
+            if self.keep:
+                self.logits = {} if inplace else {id(out): src}
+        elif name in _PASSING and src is not None:
+            made = self.of(src)
+            if made is not None:
+                self.made[id(out)] = (weakref.ref(out), *made[1:3], made[3] and not inplace)
+                logits = self.logits.get(id(src)) if self.keep and made[2] == self.calls - 1 else None
+                if logits is not None and not inplace:  # the same op on the logits (a dtype, a shape, a selection)
+                    self.logits[id(out)] = func(*[logits if a is src else a for a in args], **kwargs)
         return out
 
-    def activation(self, t: torch.Tensor) -> str | None:
-        for _ in range(64):
-            made = self.by.get(id(t))
-            if made is None or made[1] is not t:
-                return None
-            name, _, src = made
-            if name in ACTIVATIONS:
-                return name
-            if name not in _PASSING or src is None:
-                return None
-            t = src
-        return None
+    def of(self, t: torch.Tensor) -> tuple[weakref.ref, str, int, bool] | None:
+        """The record of `t` (None: no activation made it)."""
+        made = self.made.get(id(t))
+        return made if made is not None and made[0]() is t else None
+
+    def logits_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The logits behind `t`, if the forward's last activation call made it and its input was kept."""
+        made = self.of(t)
+        return self.logits.get(id(t)) if made is not None and made[2] == self.calls - 1 else None
 
 
 def returned(cfg: Config, model: nn.Module, x: np.ndarray, device: torch.device) -> Returned:
     """What the model returns for the probe batch `x`, and the op that made its scores."""
     xt = torch.from_numpy(np.ascontiguousarray(x)).to(device)
-    mode = _Made()
-    with mode:
+    seen = Provenance()
+    with seen:
         out = _run(cfg, model, xt)
     if isinstance(out, Mapping):
         keys = tuple(str(k) for k in out)
@@ -120,21 +144,49 @@ def returned(cfg: Config, model: nn.Module, x: np.ndarray, device: torch.device)
             return Returned(f"mapping whose 'logits' is a {type(t).__name__}")
         if t is None:
             return Returned("mapping", keys)
-        return Returned("mapping", keys, scores=t.detach().double().cpu().numpy(), activation=mode.activation(t))
+        return Returned("mapping", keys, scores=t.detach().double().cpu().numpy(), **_made(seen, t))
     if isinstance(out, (tuple, list)):
         return Returned("sequence", length=len(out))
     if not isinstance(out, torch.Tensor):
         return Returned(type(out).__name__)
-    return Returned("tensor", scores=out.detach().double().cpu().numpy(), activation=mode.activation(out))
+    return Returned("tensor", scores=out.detach().double().cpu().numpy(), **_made(seen, out))
 
 
-def scores(form: OutputForm, out: Any) -> torch.Tensor:
-    """The model's output as [batch, width] float32 logits, as `form` says."""
+def _made(seen: Provenance, t: torch.Tensor) -> dict[str, Any]:
+    """The op that made `t`; its input can be read in training when that was the forward's last
+    activation call (the one whose input `reading` keeps) and not an in-place one."""
+    made = seen.of(t)
+    return {} if made is None else {"activation": made[1], "pre": made[3] and made[2] == seen.calls - 1}
+
+
+def reading(form: OutputForm) -> Provenance | None:
+    """What a forward runs under so that `scores` can read the logits of its final activation:
+    None where the form reads none."""
+    return Provenance(keep=True) if form.pre else None
+
+
+def scores(form: OutputForm, out: Any, seen: Provenance | None = None) -> torch.Tensor:
+    """The model's output as [batch, width] float32 logits, as `form` says; `seen`: what the
+    forward ran under (`reading`), whose logits are read where the form says so.
+
+    Raises:
+        HvtrainError: the form reads the final activation's input, and this forward's output was not
+            made by that call (a forward that differs from the probe's).
+    """
     if form.key is not None:
         out = out[form.key]
+    if form.pre:
+        logits = seen.logits_of(out) if seen is not None else None
+        if logits is None:
+            raise HvtrainError(f"model.entrypoint: this forward's output was not made by its last {form.undo} call, "
+                               "as the probe batch's was, whose input hvtrain trains on: a forward must end the "
+                               "same way on every call")
+        out = logits
     out = out.float()
     if form.flat:
         out = out.reshape(-1, 1)
+    if form.pre:
+        return out
     if form.undo == "softmax":
         return torch.log(out.clamp(min=TINY))
     if form.undo == "sigmoid":

@@ -1,5 +1,5 @@
 """The native-model contract: what an entrypoint model (`model.entrypoint`, `hvtrain.train(model=...)`)
-is fed and what it may return, decided once per build on a probe batch of real inputs, before
+is fed and what it may return, checked whenever it is built on a probe batch of real inputs, before
 any optimizer step, by this module for every backend (a backend only describes what it saw).
 
 Inputs: float32 rows of the data's feature shape; int64 token ids when the model reads ids
@@ -14,22 +14,33 @@ width]` with the width the loss and data need; `[batch]` where that width is 1
   - logits: the default, trained as they are;
   - log-probabilities (a final log_softmax): logits up to a constant per row, trained as they are
     (softmax(log p) = p);
-  - probabilities (a final softmax: the op that made the output, or every probe row non-negative
-    and summing to 1; a final sigmoid: the op that made it) are turned back into logits (log p,
-    or log(p / (1 - p)) for a sigmoid) before the loss, the metrics, predict and export see them,
-    so the cross-entropy is that of the probabilities (Keras's loss with from_logits=False) and
-    nothing applies a second softmax.
+  - probabilities (a final softmax: the op that made the output, or, where no op is known, every
+    probe row non-negative and summing to 1; a final sigmoid: the op that made it) are trained on
+    their logits, so the cross-entropy is that of the probabilities (Keras's loss with
+    from_logits=False) and nothing applies a second softmax. Where the op is known its input is
+    read (`OutputForm.pre`: torch, the input of the final softmax/sigmoid call, carried through
+    the ops after it; Keras, the `_keras_logits` its activations attach, as its own losses read
+    them): exact at any saturation and precision. Otherwise the probabilities are turned back
+    into logits (log p), which loses what float32 rounding lost (a logit gap past ~87) and is
+    refused under fp16/bf16 (a bf16 sigmoid rounds p to 1 from z ~ 6: loss and gradient wrong).
 
 A sigmoid cannot be told from logits by value (a logit model's outputs may all lie in [0, 1]),
-so only the op that made the output counts. Regression outputs are taken as they are. Anything
-else (a tuple, a mapping without `logits`, another rank or width, a softmax over the batch or
-over one output) is refused at `model.entrypoint` in one line saying what was received.
+so only the op that made the output counts; where an op is known it decides, whatever the values
+(a trained per-class sigmoid's rows come to sum to ~1). Regression outputs are taken as they are.
+Anything else (a tuple, a mapping without `logits`, another rank or width, a softmax over the
+batch or over one output) is refused at `model.entrypoint` in one line saying what was received.
+
+The form is decided once, when a fresh model is built for training (non-finite scores are
+refused then), and travels in the `inputs` record of its final.safetensors and checkpoints
+(hvtrain.model.weights); evaluate, predict and export reuse it (never re-deciding on trained
+weights or on a predict input), and a model that no longer returns it is refused in one line, as
+is a resume whose checkpoint recorded another form.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,13 +48,14 @@ if TYPE_CHECKING:
     from hvtrain.config.schema import Config
     from hvtrain.data.dataset import Dataset
 
-PROBE_ROWS = 64  # training rows an entrypoint model is probed on
+PROBE_ROWS = 64  # training rows an entrypoint model is probed on (at most one batch: see probe_batch)
 SUM_TOLERANCE = 1e-2  # |row sum - 1| of probabilities (bf16/fp16 outputs round at ~4e-3)
 # Probabilities are clipped here before the log: the smallest normal float32 (a gradient survives
 # down to it; Keras clips at 1e-7, which stops the gradient of badly wrong samples much sooner).
 TINY = float(np.finfo(np.float32).tiny)
 ONE_BELOW = 1.0 - float(np.finfo(np.float32).epsneg)  # the largest float32 below 1 (a sigmoid's clip)
 ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
+HALF = ("fp16", "bf16")  # precisions whose probabilities cannot be turned back into logits
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,7 @@ class Returned:
     length: int = 0  # a sequence's length
     scores: np.ndarray | None = None  # the tensor (a mapping's `logits`) as float64
     activation: str | None = None  # the op that made the scores: one of ACTIVATIONS, or None
+    pre: bool = False  # the activation's input (its logits) can be read in every forward
 
 
 @dataclass(frozen=True)
@@ -63,17 +76,45 @@ class OutputForm:
 
     key: str | None = None  # the mapping entry holding the scores
     flat: bool = False  # a [batch] output: reshaped to [batch, 1]
-    undo: str | None = None  # "softmax" (log) or "sigmoid" (logit): probabilities back to logits
+    undo: str | None = None  # "softmax" or "sigmoid": the final activation whose probabilities are trained on
+    pre: bool = False  # undo: its input (the logits) is read; False: log p / log(p / (1 - p)) of its output
 
     def note(self, entrypoint: str) -> str | None:
         """What hvtrain does with this form, said once at the start (None: logits as returned)."""
         parts = ([f"its {self.key!r} entry"] if self.key else []) + \
                 (["a 1-D output as one column"] if self.flat else [])
-        if self.undo:
+        if self.undo and self.pre:
+            parts.append(f"the input of its final {self.undo} (its logits: the loss is the cross-entropy of the "
+                         "probabilities, exact; predict/export apply the activation once)")
+        elif self.undo:
             how = "log(p)" if self.undo == "softmax" else "log(p / (1 - p))"
             parts.append(f"its final {self.undo}'s probabilities turned back into logits ({how}: the loss is the "
                          "cross-entropy of the probabilities, and predict/export apply the activation once)")
         return f"model.entrypoint {entrypoint}: trained on {', '.join(parts)}" if parts else None
+
+    def record(self) -> dict[str, Any]:
+        """The JSON-able form, as the inputs record (hvtrain.model.weights) keeps it."""
+        return {"key": self.key, "flat": self.flat, "undo": self.undo, "pre": self.pre}
+
+    @classmethod
+    def from_record(cls, record: Any) -> OutputForm:
+        """Inverse of record().
+
+        Raises:
+            ValueError: not a form this version writes.
+        """
+        if not isinstance(record, dict) or set(record) != {"key", "flat", "undo", "pre"} or \
+                record["key"] not in (None, "logits") or record["undo"] not in (None, "softmax", "sigmoid") or \
+                not isinstance(record["flat"], bool) or not isinstance(record["pre"], bool) or \
+                record["pre"] and record["undo"] is None:
+            raise ValueError(f"output: expected key, flat, undo and pre, got {str(record)[:80]}")
+        return cls(record["key"], record["flat"], record["undo"], record["pre"])
+
+    def describe(self) -> str:
+        """The form in words (error messages)."""
+        what = "logits" if self.undo is None else f"a final {self.undo}'s " + \
+            ("input" if self.pre else "probabilities")
+        return what + (f" in its {self.key!r} entry" if self.key else "") + (" as [batch]" if self.flat else "")
 
 
 PLAIN = OutputForm()  # a tensor of logits: the catalogue's models, and the default
@@ -87,9 +128,10 @@ class NativeInputs:
     vocabulary: int | None = None  # rows of the smallest embedding reading them: ids must be below it
 
 
-def probe_batch(data: Dataset) -> np.ndarray:
-    """The model inputs an entrypoint model is probed on: the first training rows."""
-    return data.train.features(np.arange(min(PROBE_ROWS, len(data.train))))
+def probe_batch(data: Dataset, batch_size: int | None = None) -> np.ndarray:
+    """The model inputs an entrypoint model is probed on: the first training rows, no more than
+    one batch (`batch_size`): a model sized for its batch must not run out of memory on the probe."""
+    return data.train.features(np.arange(min(PROBE_ROWS, batch_size or PROBE_ROWS, len(data.train))))
 
 
 def needs(cfg: Config, num_outputs: int) -> str:
@@ -98,8 +140,15 @@ def needs(cfg: Config, num_outputs: int) -> str:
             "binary_cross_entropy": "one logit"}.get(cfg.loss, f"{num_outputs} target value(s)")
 
 
-def decide_form(cfg: Config, got: Returned, rows: int, num_outputs: int) -> OutputForm:
+def decide_form(cfg: Config, got: Returned, rows: int, num_outputs: int, recorded: OutputForm | None = None,
+                training: bool = True) -> OutputForm:
     """The form of an entrypoint model's output, from what it returned for `rows` probe samples.
+
+    Args:
+        recorded: the form the loaded weights were trained with (their inputs record): reused, never
+            decided again on trained weights or on a predict input; the model must still return it.
+        training: a fresh model built to train (non-finite scores refused, the form decided); else
+            loaded weights (evaluate, predict, export), whose probe rows may hold anything.
 
     Raises:
         ConfigError: at model.entrypoint, naming what was received and what to do instead.
@@ -131,14 +180,46 @@ def decide_form(cfg: Config, got: Returned, rows: int, num_outputs: int) -> Outp
             s.shape[1] == 2 else ""
         raise cfg.fail("model.entrypoint", f"{name} outputs {s.shape[1]} values per sample; loss {cfg.loss} "
                                            f"needs {needs(cfg, num_outputs)}{hint}")
-    if not np.all(np.isfinite(s)):
+    finite = np.all(np.isfinite(s), axis=1)
+    if training and not finite.all():
         raise cfg.fail("model.entrypoint", f"{name} returns non-finite scores (nan/inf) on a probe batch of "
                                            f"{rows} training samples, before any training")
-    return OutputForm(key, flat, _probabilities(cfg, name, s, got.activation))
+    if recorded is not None:
+        return _reuse(cfg, recorded, OutputForm(key, flat), got)
+    undo = _probabilities(cfg, name, s[finite], got.activation)
+    pre = undo is not None and got.activation == undo and got.pre
+    if training and undo is not None and not pre and cfg.train.precision in HALF:
+        how = "the op that made it is not one hvtrain can read the input of" if got.activation else \
+            "its rows sum to 1 on the probe batch, no softmax op was seen"
+        raise cfg.fail("model.entrypoint", f"{name} returns the probabilities of a final {undo} ({how}); under "
+                                           f"train.precision {cfg.train.precision} they round (a bf16 sigmoid to 1 "
+                                           "from z ~ 6), so log p gives a wrong loss and no gradient: return the "
+                                           f"logits (the {undo}'s input), end in torch/Keras's own {undo}, or "
+                                           "train in fp32")
+    return OutputForm(key, flat, undo, pre)
+
+
+def _reuse(cfg: Config, recorded: OutputForm, now: OutputForm, got: Returned) -> OutputForm:
+    """The recorded form, if the loaded model still returns it (same entry and rank, same final op)."""
+    op = got.activation if got.activation in ("softmax", "sigmoid") else None
+    if op is None and got.pre:  # an activation whose kind its values (none finite) could not tell
+        op = recorded.undo
+    if recorded.pre or recorded.undo == "sigmoid":  # an op decided it: the same op, its input readable as then
+        same_op = op == recorded.undo and (got.pre or not recorded.pre)
+    else:  # logits, or a softmax known by its rows (not checked again on a predict input's values)
+        same_op = op in (None, recorded.undo)
+    same = (recorded.key, recorded.flat) == (now.key, now.flat) and same_op
+    if not same:
+        seen = replace(now, undo=op, pre=op is not None and got.pre).describe()
+        raise cfg.fail("model.entrypoint", f"{cfg.model.entrypoint}: its weights were trained on "
+                                           f"{recorded.describe()} (their inputs record), the model now returns "
+                                           f"{seen}: is this the model they were trained with?")
+    return recorded
 
 
 def _probabilities(cfg: Config, name: str, s: np.ndarray, activation: str | None) -> str | None:
-    """Which final activation to undo (None: the scores are logits or log-probabilities)."""
+    """Which final activation's probabilities the scores are (None: logits or log-probabilities).
+    A known op decides; the values only where none is known (a softmax written by hand)."""
     if cfg.loss not in ("cross_entropy", "binary_cross_entropy"):
         return None  # a regression head's final activation is the model's choice
     if cfg.loss == "binary_cross_entropy":
@@ -148,7 +229,7 @@ def _probabilities(cfg: Config, name: str, s: np.ndarray, activation: str | None
                                                "logits) for binary_cross_entropy")
         return "sigmoid" if activation == "sigmoid" else None
     sums = s.sum(axis=1)
-    normalised = bool(np.all(s >= 0) and np.all(np.abs(sums - 1) <= SUM_TOLERANCE))
+    normalised = bool(len(s) and np.all(s >= 0) and np.all(np.abs(sums - 1) <= SUM_TOLERANCE))
     if activation == "log_softmax":
         lse = np.log(np.exp(s).sum(axis=1))
         if not np.all(np.abs(lse) <= SUM_TOLERANCE):
@@ -156,14 +237,16 @@ def _probabilities(cfg: Config, name: str, s: np.ndarray, activation: str | None
                                                "on the probe batch (taken over the batch, dim 0?): apply it over the "
                                                "classes (dim=1), or return the logits")
         return None
+    if activation == "sigmoid":
+        return "sigmoid"  # per-class sigmoids: their rows may sum to ~1 once trained, still sigmoids
     if activation == "softmax" or (s.shape[1] > 1 and normalised):
-        if not normalised:
+        if not normalised and len(s):
             raise cfg.fail("model.entrypoint", f"{name} ends in a softmax whose rows do not sum to 1 on the probe "
                                                f"batch (row sums {np.round(sums[:3], 3).tolist()}...: taken over the "
                                                "batch, dim 0?): apply it over the classes (dim=1 / axis=-1), or "
                                                "return the logits")
         return "softmax"
-    return "sigmoid" if activation == "sigmoid" else None
+    return None
 
 
 def check_reads(cfg: Config, reads: NativeInputs, example: np.ndarray) -> None:

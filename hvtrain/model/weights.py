@@ -14,7 +14,9 @@ stores raw rows in (`raw_dtype`: what an export's graph must take to lose nothin
 written before it, then taken as float64) and, for a text corpus,
 its vocabulary (`text`: word -> id, PAD 0, OOV 1, max_len, the tokenizer) and, for a forecaster
 trained on normalised targets (data.window), the targets' shift and scale (`target`: predictions
-are turned back into the series' units). Reading never executes code (safetensors and JSON only).
+are turned back into the series' units), and for an entrypoint model the form of its output
+(`output`: hvtrain.model.native.OutputForm, decided when it was built to train; evaluate, predict,
+export and a resume reuse it). Reading never executes code (safetensors and JSON only).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from hvtrain.data.dataset import Transform
 from hvtrain.errors import DataError, HvtrainError
 from hvtrain.io.checkpoints import FORMAT as CHECKPOINT_FORMAT
 from hvtrain.io.checkpoints import load as load_checkpoint
+from hvtrain.model.native import OutputForm
 
 if TYPE_CHECKING:
     from hvtrain.config.schema import Config
@@ -59,6 +62,8 @@ class Inputs:
     target: tuple[float, float] | None = None  # (shift, scale) of normalised regression targets: y = out*scale+shift
     split: dict[str, Any] | None = None  # what chose the validation samples (hvtrain.data.dataset.Dataset.split)
     raw_dtype: str | None = None  # the dataset's raw rows (float64, float32, uint8, ...); None: not recorded
+    output: OutputForm | None = None  # an entrypoint model's output form (hvtrain.model.native); None: a
+    # config's model, or a file written before the form travelled (then decided on the loaded model)
 
     @property
     def width(self) -> int:
@@ -104,8 +109,9 @@ class WeightFile:
     layers: list[tuple[str, str]] | None = None
 
 
-def describe_inputs(cfg: Config, data: Dataset) -> dict[str, Any]:
-    """The JSON-able `inputs` record of a training run's data (see the module docstring)."""
+def describe_inputs(cfg: Config, data: Dataset, output: OutputForm | None = None) -> dict[str, Any]:
+    """The JSON-able `inputs` record of a training run's data (see the module docstring), with
+    `output`, the form an entrypoint model's output was decided to have when it was built to train."""
     t = data.train.transform
     classes = None
     if data.classes is not None:
@@ -120,7 +126,8 @@ def describe_inputs(cfg: Config, data: Dataset) -> dict[str, Any]:
             **({"text": data.text} if data.text is not None else {}),
             **({"split": data.split} if data.split is not None else {}),
             **({"target": {"shift": float(data.series["shift"]), "scale": float(data.series["scale"])}}
-               if data.series is not None and (data.series["shift"], data.series["scale"]) != (0.0, 1.0) else {})}
+               if data.series is not None and (data.series["shift"], data.series["scale"]) != (0.0, 1.0) else {}),
+            **({"output": output.record()} if output is not None else {})}
 
 
 def inputs_from(record: Any, where: str) -> Inputs:
@@ -149,7 +156,8 @@ def inputs_from(record: Any, where: str) -> Inputs:
                       str(record["loss"]), int(record["outputs"]),
                       np.asarray(classes) if classes is not None else None, _text_record(record.get("text")),
                       _target_record(record.get("target")), _split_record(record.get("split")),
-                      _raw_dtype(record.get("raw_dtype")))
+                      _raw_dtype(record.get("raw_dtype")),
+                      OutputForm.from_record(record["output"]) if record.get("output") is not None else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{where}: unreadable '{INPUTS_KEY}' metadata ({type(exc).__name__}: {exc})") from None
 

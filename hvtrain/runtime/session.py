@@ -18,20 +18,22 @@ from hvtrain.config.schema import Config
 from hvtrain.data.dataset import Dataset
 from hvtrain.errors import HvtrainError
 from hvtrain.launch.process import affinity
+from hvtrain.model.native import OutputForm
 from hvtrain.model.spec import ModelSpec
 from hvtrain.runtime.experiment import Prepared
 from hvtrain.runtime.knobs import mpi_env
 
 
 def build_native(cfg: Config, backend: Any, spec: ModelSpec | None, weights: dict[str, np.ndarray] | None,
-                 data: Dataset, runtime: Any) -> None:
+                 data: Dataset, runtime: Any, form: OutputForm | None = None) -> None:
     """The backend's model for `data`: an entrypoint model is probed on the data's first training
-    rows (hvtrain.model.native: what it reads and returns, checked before any optimizer step; a config's
-    model was checked from its spec in prepare), and the data then fed as it reads it (token ids:
-    int64)."""
+    rows, one batch at most (hvtrain.model.native: what it reads and returns, checked before any
+    optimizer step; `form`: the output form `weights` were trained with, reused; a config's model was
+    checked from its spec in prepare), and the data then fed as it reads it (token ids: int64)."""
     from hvtrain.model.native import adopt_inputs, probe_batch
 
-    backend.build(cfg, spec, weights, data.num_outputs, runtime, probe_batch(data) if spec is None else None)
+    backend.build(cfg, spec, weights, data.num_outputs, runtime,
+                  probe_batch(data, cfg.data.batch_size) if spec is None else None, form)
     if spec is None:
         adopt_inputs(cfg, backend.native_inputs(), data)
 
@@ -234,13 +236,15 @@ def fingerprints(p: Prepared) -> dict[str, str]:
 
 @contextmanager
 def loaded_model(cfg: Config, spec: ModelSpec | None, weights: dict[str, np.ndarray],
-                 num_outputs: int, data: Dataset | np.ndarray | None = None) -> Iterator[Session]:
+                 num_outputs: int, data: Dataset | np.ndarray | None = None,
+                 form: OutputForm | None = None) -> Iterator[Session]:
     """A session (Horovod up, failure path armed) whose backend holds `weights` (checked by the caller).
     An entrypoint model is probed on `data` (hvtrain.model.native): a Dataset (then fed as the model reads
-    it), or a batch of model inputs (predict's first rows, in the weights' input dtype)."""
+    it), or a batch of model inputs (predict's first rows, in the weights' input dtype); `form` is the
+    output form the weights' inputs record holds (reused, not decided again on them)."""
     with Session(cfg, spec, pipelined=False) as s:
         if isinstance(data, Dataset):
-            build_native(cfg, s.backend, spec, weights, data, s.runtime)
+            build_native(cfg, s.backend, spec, weights, data, s.runtime, form)
         else:
-            s.backend.build(cfg, spec, weights, num_outputs, s.runtime, data if spec is None else None)
+            s.backend.build(cfg, spec, weights, num_outputs, s.runtime, data if spec is None else None, form)
         yield s

@@ -115,7 +115,7 @@ def export_model(config: ConfigSource, weights: str, fmt: str, output: str, back
     rows, described = (open_input(input_path, m.inputs), f"{input_path}") if input_path else validation_rows(m)
     row_shape(rows, m.inputs, weights)
     try:
-        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows)) as s:
+        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows), m.inputs.output) as s:
             if s.info.size > 1:
                 raise HvtrainError(f"export: runs as one process, got {s.info.size} ranks (run it without a launcher)")
             sink = Collected()

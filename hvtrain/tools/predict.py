@@ -382,7 +382,7 @@ def predict_array(config: ConfigSource, weights_path: str, x: Any, backend: str 
     rows = open_input(x, m.inputs) if isinstance(x, (str, Path)) else ArrayRows(x)
     row_shape(rows, m.inputs, weights_path)
     try:
-        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows)) as s:
+        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows), m.inputs.output) as s:
             sink = Collected() if s.info.is_main else None
             run(m, rows, {kind: sink} if sink else None, batch_size, s)
             return s.runtime.broadcast_object(sink.result() if sink else None)
@@ -415,7 +415,7 @@ def predict_files(config: ConfigSource, weights_path: str, input_path: str, outp
     files = {k: (p, len(rows), (m.inputs.outputs,) if k != "labels" else (),
                  np.dtype(np.float32) if k != "labels" else label_dtype(m.inputs)) for k, p in targets.items()}
     try:
-        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows)) as s:
+        with loaded_model(m.cfg, m.spec, m.weights, m.inputs.outputs, probe_rows(m, rows), m.inputs.output) as s:
             from hvtrain.io.reporter import Reporter
 
             reporter = Reporter(s.info, Path(output).parent, keep_metrics=True)

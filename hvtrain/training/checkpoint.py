@@ -105,6 +105,14 @@ class CheckpointManager:
         if meta.get("layout") != self.layout:
             raise HvtrainError(f"{found.path}: made with pipeline stages {meta.get('layout')}, this run has "
                                f"{self.layout}; resume with the same placement")
+        then, now = (r.get("output") if isinstance(r, dict) else None for r in (meta.get("inputs"), self.inputs))
+        if then is not None and now is not None and then != now:  # its loss was another one: no silent switch
+            from hvtrain.model.native import OutputForm
+
+            was, takes = (OutputForm.from_record(r).describe() for r in (then, now))
+            raise self.cfg.fail("model.entrypoint", f"{found.path} was trained on {was} of "
+                                f"{self.cfg.model.entrypoint}, this build takes {takes} (hvtrain.model.native): "
+                                "is this the model it was trained with?")
         return found
 
     @staticmethod

@@ -134,7 +134,8 @@ def _loaded(p: Prepared, wf: WeightFile) -> Iterator[tuple[Session, Any]]:
 
     if p.spec is not None:
         check_weights(p.spec, wf.weights, wf.path)
-    with loaded_model(p.cfg, p.spec, wf.weights, p.data.num_outputs, p.data) as s:
+    form = wf.inputs.output if wf.inputs is not None else None  # an entrypoint model's, as it was trained
+    with loaded_model(p.cfg, p.spec, wf.weights, p.data.num_outputs, p.data, form) as s:
         yield s, DataParallelSteps(s.backend, s.runtime, MetricSet.of(p.cfg, p.data))
 
 
@@ -177,7 +178,8 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
                                        rt.process_set(index) if s.plan.replicas > 1 else None)
         steps = PipelineSteps(cfg, s.plan, p.spec, engine, rt, s.comm, metrics)
         layout = stage_layout(s.plan)
-    inputs = describe_inputs(cfg, p.data)  # travels with every checkpoint (predict from it)
+    # travels with every checkpoint and final.safetensors (predict from it), with the output form decided above
+    inputs = describe_inputs(cfg, p.data, s.backend.output_form() if s.plan is None and p.spec is None else None)
     run = Run(cfg, p.spec, p.data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, layout, inputs),
               metrics, init_unread=p.initial is None and p.spec is not None and cfg.model.init_from is not None)
     if s.elastic:  # a joining worker must meet nothing but Horovod's state sync: no gather

@@ -50,7 +50,7 @@ def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any
     layout = run.steps.summary()
     per_rank = run.runtime.allgather_object(layout.pop("rank", None)) if "rank" in layout else None
     usage = run.runtime.allgather_object((peak_rss_mb(), run.data_wait))
-    run.reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, run.spec, run.data))
+    run.reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, run.spec, run.data, run.checkpoints.inputs))
     run.reporter.write_arrays(SCORES_FILE, final_scores(run, result))
     summary = {
         "name": cfg.name, "backend": cfg.backend, "world_size": info.size, "controller": info.controller,
@@ -102,11 +102,13 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def weight_metadata(cfg: Config, spec: ModelSpec | None, data: Dataset) -> dict[str, str]:
+def weight_metadata(cfg: Config, spec: ModelSpec | None, data: Dataset,
+                    inputs: dict[str, Any] | None = None) -> dict[str, str]:
     """safetensors header metadata: how to read the file without the config, and `inputs` (the raw
-    row shape, the training split's normalisation, the classes: predict needs no training data)."""
+    row shape, the training split's normalisation, the classes, an entrypoint model's output form:
+    predict needs no training data): the run's record `inputs`, which its checkpoints hold too."""
     return {
-        INPUTS_KEY: json.dumps(describe_inputs(cfg, data)),
+        INPUTS_KEY: json.dumps(inputs if inputs is not None else describe_inputs(cfg, data)),
         "format": "hvtrain-neutral-v1" if spec is not None else f"hvtrain-native-{cfg.backend}",
         "backend": cfg.backend,
         **layer_metadata(spec),

@@ -36,7 +36,7 @@ def test_defect_02_keras_softmax_head_trains_on_two_ranks_and_predicts_its_proba
     s = json.loads((out / "summary.json").read_text())
     assert s["world_size"] == 2 and s["replicas_agree"], s
     assert s["val_loss"] < 0.3 and s["val_accuracy"] > 0.93, s
-    assert proc.stdout.count("final softmax's probabilities turned back into logits") == 1  # rank 0 says it once
+    assert proc.stdout.count("trained on the input of its final softmax") == 1  # rank 0 says it once
     from sklearn.datasets import load_digits
 
     np.save(tmp_path / "x.npy", load_digits().data[:200].astype(np.float32))
