@@ -100,7 +100,8 @@ class Backend(ABC):
         a local accumulator. A batch whose weights are all zero (a rank's empty share of a tail
         batch) joins the allreduce with zero gradients and changes no statistics. Returns False if
         this rank's loss was not finite; with `train.on_nan: skip` an update whose averaged
-        gradients are not finite is skipped on every rank alike."""
+        gradients are not finite is skipped on every rank alike, and a non-finite loss makes its
+        gradients NaN (an inf loss can have finite ones) so that its update is skipped too."""
 
     @abstractmethod
     def discard_gradients(self) -> None:

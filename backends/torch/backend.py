@@ -123,6 +123,8 @@ class TorchBackend(Backend):
             self._loss_acc += loss.detach().double().cpu()
         # Horovod averages over ranks; each rank's weighted sum is 1/size of the global mean.
         scaled = loss * self.runtime.info.size
+        if not finite:  # on_nan: skip. An inf loss can have finite gradients (an overflowing squared
+            scaled = scaled * float("nan")  # error): NaN ones make every rank skip this update alike
         if self.scaler is not None:
             self.scaler.scale(scaled).backward()
         else:

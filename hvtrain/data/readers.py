@@ -16,10 +16,14 @@ from hvtrain.errors import DataError
 SKLEARN_DATASETS = ("digits", "breast_cancer", "wine", "iris")
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray | None = None,
                  lines: list[int] | None = None, columns: list[str] | None = None) -> None:
     """Refuse NaN and infinite values (a NaN feature or target trains to a NaN loss with no file
-    named, or skips every update under train.on_nan: skip). hvtrain does not impute: the user
+    named, or skips every update under train.on_nan: skip), and float64 values beyond float32's
+    range (finite in the file, inf once cast to float32 for training). hvtrain does not impute: the user
     drops or fills them. The one check of every source kind (a CSV file's values too).
 
     Args:
@@ -36,6 +40,17 @@ def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray |
         return
     flat = values.reshape(len(values), -1)
     bad = ~np.isfinite(flat)
+    if not bad.any() and flat.dtype.itemsize > 4 and values.dtype.kind == "f":
+        big = np.abs(flat) > FLOAT32_MAX  # finite here, inf once cast to the float32 hvtrain trains in
+        if big.any():
+            i, j = (int(v) for v in np.argwhere(big)[0])
+            if lines is not None and columns is not None:
+                where = f"{name}:{lines[i]}: column {columns[j]!r}"
+            else:
+                where = f"{name}: sample {int(samples[i]) if samples is not None else i}, {what[:-1]} {j}"
+            raise DataError(f"{where}: {flat[i, j]:.6g} overflows float32, the dtype hvtrain trains in (largest "
+                            f"{FLOAT32_MAX:.4g}; {int(big.sum())} such values in {len(values)} samples read): rescale "
+                            "the data")
     if bad.any():
         i, j = (int(v) for v in np.argwhere(bad)[0])
         if lines is not None and columns is not None:

@@ -166,7 +166,9 @@ class MetricSet:
         lightly."""
         center = None
         if cfg.loss in REGRESSION and len(data.train):
-            center = np.asarray(data.train.y, np.float64).reshape(len(data.train), -1).mean(axis=0)
+            # the training targets' median: one outlier target cannot move it (a mean of 1e30 / n
+            # put every validation target ~1e27 from the centre, and R2's SS_tot cancelled to 0)
+            center = np.median(np.asarray(data.train.y, np.float64).reshape(len(data.train), -1), axis=0)
         ms = cls(cfg.loss, parse_metrics(cfg), data.num_outputs, len(data.val), center)
         if ms.keeps_scores and len(data.val):
             absent = sorted(set(range(ms.classes)) - set(np.unique(np.asarray(data.val.y, np.int64)).tolist()))

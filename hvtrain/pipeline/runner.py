@@ -141,6 +141,7 @@ class PipelineSteps(StepRunner):
             return False  # the loop ends the job, naming this rank
         if batch.apply:
             ok = self.engine.reduce_gradients(1.0 / self.scaler.scale, check_finite=self.agree)
+            ok = ok and finite  # an inf loss can have finite gradients (an overflowing squared error)
             if self.agree:
                 ok = self.runtime.allreduce_sum(np.array([0.0 if ok else 1.0]), name="hvtrain.step_ok")[0] == 0
             self.engine.apply_update(ok)

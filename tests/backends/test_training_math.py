@@ -80,3 +80,26 @@ def test_predictions_agree_across_frameworks(tmp_path):
     assert np.mean(preds[0].argmax(1) == preds[1].argmax(1)) >= 0.999
     assert np.abs(preds[0] - preds[1]).max() <= 1e-4
     assert len(load_weights(tmp_path / "final.safetensors")) == 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_on_nan_skip_skips_an_inf_loss_whose_gradients_are_finite(tmp_path, backend, accumulation):
+    """Defect: on_nan: skip decided on the gradients alone. A target of 1e30 (finite: the data
+    checks pass it) has an inf squared error but a finite gradient (-6e28), so its update was
+    applied: the weights jumped by ~1e26 and every later step's loss was inf too (skipped: the
+    epoch's train_loss read 0.0, val_loss inf). Its update is skipped now; the rest learns. R2's
+    centre is the training targets' median (their mean, 1e30 / n, cancelled SS_tot: val_r2 0.0)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((600, 8)).astype(np.float32)
+    y = (x @ rng.standard_normal(8).astype(np.float32) / 3).astype(np.float32)
+    y[5] = 1e30  # a training row (seed 3's split)
+    cfg = {"name": "outlier", "seed": 3, "backend": backend, "loss": "mse", "metrics": ["r2"],
+           "data": {"validation_split": 0.2, "batch_size": 32},
+           "model": {"input_shape": [8], "layers": [{"type": "dense", "units": 16, "activation": "relu"},
+                                                   {"type": "dense", "units": 1}]},
+           "optimizer": {"name": "sgd", "lr": 0.02, "momentum": 0.9},
+           "train": {"epochs": 4, "on_nan": "skip", "grad_accumulation": accumulation, "threads": 1}}
+    s = hvtrain.train(cfg, data=(x, y), output_dir=str(tmp_path), quiet=True)
+    assert np.isfinite(s["val_loss"]) and s["val_r2"] > 0.9 and s["train_loss"] > 0, s
+    assert all(np.isfinite(v).all() for v in load_weights(tmp_path / "final.safetensors").values())

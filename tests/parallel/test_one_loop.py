@@ -77,17 +77,19 @@ def test_fp16_pipeline_with_loss_scaling_learns(tmp_path, backend):
 
 
 def test_pipeline_on_nan_skip_skips_on_every_stage(tmp_path):
-    """Defect: pipelines could not `on_nan: skip`. One NaN sample: its step is skipped on every
-    rank (same decision everywhere), the rest trains, nothing non-finite is written."""
-    from tests.parallel.test_reliability import digits_npy_with_nan
+    """Defect: pipelines could not `on_nan: skip`. One outlier target (an inf MSE, on the last
+    stage): its step is skipped on every rank (same decision everywhere), the rest trains, nothing
+    non-finite is written."""
+    from tests.support.checks import regression_npy_with_outlier
 
-    dataset = digits_npy_with_nan(tmp_path / "digits")
-    args = ["train", PIPE, "--quiet", "--set", f"data.dataset={dataset}", "--set", "data.normalize=none",
-            "--set", "optimizer.lr=0.01", "--set", "train.epochs=3", "--set", "model.layers.0.activation=tanh"]
+    dataset = regression_npy_with_outlier(tmp_path / "data")
+    args = ["train", PIPE, "--quiet", "--set", f"data.dataset={dataset}", "--set", "loss=mse",
+            "--set", "metrics=[r2]", "--set", "model.layers.3.units=1", "--set", "optimizer.lr=0.01",
+            "--set", "train.epochs=3"]
     stop = run(mpirun(2, *args, "--output-dir", str(tmp_path / "stop")), check=False, timeout=300)
-    assert stop.returncode != 0 and "hvtrain: error: rank 1 of 2: non-finite loss at epoch 1" in stop.stderr
+    assert stop.returncode != 0 and "hvtrain: error: rank 1 of 2: non-finite loss at epoch 1" in stop.stderr, stop.stderr[-2000:]
     run(mpirun(2, *args, "--set", "train.on_nan=skip", "--output-dir", str(tmp_path / "skip")), timeout=300)
     weights = load_weights(tmp_path / "skip/final.safetensors")
     assert all(np.isfinite(v).all() for v in weights.values())
     s = summary(tmp_path / "skip")
-    assert s["replicas_agree"] and s["val_accuracy"] > 0.85
+    assert s["replicas_agree"] and s["val_r2"] > 0.9, s

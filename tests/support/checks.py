@@ -74,3 +74,25 @@ def preempted_step(stdout: str) -> int:
     """The step a pre-empted run stopped at, from its 'preempted at epoch E, step S' line."""
     line = next(ln for ln in stdout.splitlines() if "preempted at epoch" in ln)  # horovodrun prefixes [1,0]
     return int(line.split(" step ")[1].split(":")[0])
+
+
+def regression_npy_with_outlier(directory: Path, row: int = 100, n: int = 1797, features: int = 64) -> str:
+    """A linear regression as npy:DIR (float32, y = x.w + noise) whose target in `row` is 1e30:
+    finite, so the data checks pass it, but its squared error overflows float32, so the MSE loss of
+    the batch holding that sample is inf on both backends and on every pipeline stage's schedule
+    (a NaN feature would be refused at load). Returns the data.dataset value."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, features)).astype(np.float32)
+    w = rng.standard_normal(features).astype(np.float32) / np.sqrt(features)
+    y = (x @ w + 0.05 * rng.standard_normal(n)).astype(np.float32)
+    y[row] = 1e30
+    directory.mkdir(parents=True, exist_ok=True)
+    np.save(directory / "x.npy", x)
+    np.save(directory / "y.npy", y)
+    return f"npy:{directory}"
+
+
+def row_at(position: int, seed: int = 1234, n: int = 1797, validation_split: float = 0.2) -> int:
+    """The raw row that is training sample `position` without shuffling (hvtrain.data.dataset's seeded split)."""
+    perm = np.random.default_rng([seed, 0xDA7A]).permutation(n)
+    return int(perm[int(round(n * validation_split)):][position])

@@ -101,6 +101,23 @@ def test_a_nan_anywhere_in_file_data_under_normalize_none_is_named_before_traini
     assert clean.train.transform.shift is None and list((tmp_path / "c").glob(".hvtrain-norm-*.npy"))
 
 
+def test_a_float64_value_beyond_float32s_range_is_named_before_training(tmp_path):
+    """Defect: 1e300 is finite in a float64 file, so it passed the check, and became inf in the
+    float32 batch (normalize: none) or an inf variance (standard): a non-finite loss with no file
+    named. It is refused like a NaN, file and sample named."""
+    x = np.random.default_rng(3).standard_normal((100, 2))
+    for normalize in ("none", "standard"):
+        d = tmp_path / normalize
+        d.mkdir()
+        cfg = npy_config(d, normalize)
+        bad = int(split_rows(cfg, 100)[0][3])
+        x2 = x.copy()
+        x2[bad, 1] = -1e300
+        npy_dir(d, x2)
+        with pytest.raises(DataError, match=rf"^npy:{d}: sample {bad}, feature 1: -1e\+300 overflows float32"):
+            load_dataset(cfg)
+
+
 # ----------------------------------------------------------------------------- --resume auto, no checkpoints
 
 
