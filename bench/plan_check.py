@@ -69,7 +69,7 @@ def run(quick: bool) -> dict:
             "each rank has one core, so the reduction, the fusion-buffer copies and the negotiation compete "
             "with compute on that core (the levers section's one-off profile: ~2.9 ms of background-thread CPU "
             "a step); that is the likeliest reason measured < estimate here. Where communication has its own "
-            "engine (GPUs, RDMA NICs) that cost is small; the README compares the estimate with Horovod's "
+            "engine (GPUs, RDMA NICs) that cost is small; docs/parallelism.md compares the estimate with Horovod's "
             "published 512-GPU scaling.",
         ],
         "raw": {"runs": runs, "allreduce_seconds": seconds, "estimate": est},

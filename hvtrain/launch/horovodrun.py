@@ -26,7 +26,7 @@ MODULE = "hvtrain.launch.horovodrun"  # how manifests recognise this launcher in
 
 # The PATCH of scripts/runner_patch.py this hvtrain expects in the installed Horovod (installed there
 # as horovod/runner/hvtrain_patch.py by scripts/build_horovod.sh; tests/unit/test_signals_review.py
-# holds the two equal). Without it, the README's plain-horovodrun and --gloo pre-emption rows are false.
+# holds the two equal). Without it, docs/hpc.md's plain-horovodrun and --gloo pre-emption rows are false.
 RUNNER_PATCH = 2
 
 

@@ -2,7 +2,7 @@
 
 Shapes exclude the batch axis and are channels-last, as in Keras. Every layer takes a list of
 input shapes (one for most layers, several for merges and cross-attention) and returns its output
-shape and weights. Weight names are `layers.<i>.<param>`; layouts are Keras's (README table).
+shape and weights. Weight names are `layers.<i>.<param>`; layouts are Keras's (docs/your-data-and-models.md's table).
 Initialisers mirror Keras's defaults in numpy: glorot_uniform kernels (fans as Keras computes
 them for any rank), orthogonal recurrent kernels, zero biases, ones for scales.
 """

@@ -6,7 +6,7 @@ Inputs: float32 rows of the data's feature shape; int64 token ids when the model
 (an embedding reads the model input on the probe batch, or a Keras `Input` is declared with an
 integer dtype). Token ids are never normalised and must be below the embedding's row count.
 
-Outputs (README: "The native-model output contract"): one tensor of scores, or a mapping (a
+Outputs (docs/your-data-and-models.md: "The native-model output contract"): one tensor of scores, or a mapping (a
 dict, a Hugging Face `ModelOutput`) whose `logits` entry is that tensor, of shape `[batch,
 width]` with the width the loss and data need; `[batch]` where that width is 1
 (binary_cross_entropy, one regression target). What the scores are:

@@ -109,7 +109,7 @@ def build(cfg: Config, hosts: list[str], world_size: int, cpus: list[list[int]] 
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "hvtrain": __version__, "python": platform.python_version(), "platform": platform.platform(),
         **versions(cfg.backend),
-        "horovod_runner_patch": runner_patch(),  # present (N): the README's horovodrun pre-emption rows hold
+        "horovod_runner_patch": runner_patch(),  # present (N): docs/hpc.md's horovodrun pre-emption rows hold
         "mpi": {"flavour": mpi.flavour, "version": mpi.version, "mpirun": mpi.path},
         "launcher": launcher(), "argv": sys.argv,
         "world_size": world_size,

@@ -81,7 +81,7 @@ def collect() -> Report:
                 r.missing.setdefault(backend, []).extend(problems)
         hv["launcher patch"] = patch = runner_patch()
         if not patch.startswith("present"):
-            # Training is unaffected, so doctor still passes; what the README promises of a
+            # Training is unaffected, so doctor still passes; what docs/hpc.md promises of a
             # pre-empted horovodrun job (plain, or hvtrain launch's default launcher) does not hold.
             r.warnings.append(f"Horovod's launcher lacks hvtrain's patch ({patch}; scripts/build_horovod.sh "
                               "edits 4-8): a pre-empted horovodrun or horovodrun --gloo job, plain or under "

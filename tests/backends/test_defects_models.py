@@ -1,7 +1,7 @@
 """Issue 21, the native-model output contract (items 2, 3, 11 and parts of 22): entrypoint models
 written as their libraries' docs write them (tests.fixtures.user_models), built, trained and
 exported by the real backends in one process. What the contract is: hvtrain.model.native and the
-README's "The native-model output contract"."""
+guide's "The native-model output contract" (docs/your-data-and-models.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 scheduler signals them (the launcher alone, every process of the job at once as Slurm's
 pre-emption does, one rank), at every phase of a rank's life. A test hook
 (tests/fixtures/signal_phases) holds rank 0 at the phase drawn, so the signal lands exactly there;
-the job then runs on through the real code. What each gives is the README's signal table."""
+the job then runs on through the real code. What each gives is the signal table of docs/hpc.md."""
 
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ TARGETS = ("launcher", "job", "rank")
 
 
 def fits(launcher: str, phase: str, target: str, sig: int) -> bool:
-    """The combinations the README's table promises an outcome for. `hvtrain train` alone is its
+    """The combinations docs/hpc.md's table promises an outcome for. `hvtrain train` alone is its
     own launcher; a scheduler signals the whole job with SIGTERM; plain horovodrun --gloo passes
     a signal to it on as SIGTERM and SIGKILLs the ranks 5 s later: a start-up gets there only
     from the config or the data (the rank's next check is then at once), not from the framework's

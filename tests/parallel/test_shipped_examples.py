@@ -1,5 +1,5 @@
 """The examples on real shipped data (issue 12, item 7), on 2 ranks under `hvtrain launch` in both
-frameworks, with fewer epochs than the README's runs: the sunspot forecaster beats the persistence
+frameworks, with fewer epochs than the guide's runs (docs/getting-started.md): the sunspot forecaster beats the persistence
 forecast on the validation years, and the review classifier beats the majority class."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_sunspot_lstm_beats_persistence_on_the_validation_years(tmp_path, backen
     s = launch(tmp_path, "sunspots_lstm", backend, "train.epochs=15")
     f = s["series"]
     assert f["val_windows"] == 46 and f["persistence_val_mae"] == pytest.approx(22.4543, abs=1e-3)
-    # in sunspot units; the README's full run reaches ~12 against persistence's 22.5
+    # in sunspot units; the guide's full run (docs/getting-started.md) reaches ~12 against persistence's 22.5
     assert f["val_mae"] < 0.8 * f["persistence_val_mae"] and f["val_rmse"] < 0.8 * f["persistence_val_rmse"], f
     assert f["val_mae"] == pytest.approx(s["val_mae"] * f["scale"])
 

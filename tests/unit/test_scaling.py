@@ -1,6 +1,6 @@
 """The scaling estimate (hvtrain.tools.scaling, `hvtrain plan --network`): hand-computed cases of the ring
 formula, Horovod's overlap, cycle and fusion, the pipeline bubble, the CLI, and the validation against
-Horovod's published scaling (the README's table)."""
+Horovod's published scaling (the guide's table, docs/parallelism.md)."""
 
 import importlib.util
 import json
@@ -188,8 +188,8 @@ def test_estimate_reproduces_horovods_published_scaling(model):
     assert abs(e.efficiency - model.efficiency) <= 0.08, (model.model, e.efficiency)
 
 
-def test_readme_table_is_what_the_estimate_computes():
-    text = (ROOT / "README.md").read_text()
+def test_the_guides_table_is_what_the_estimate_computes():
+    text = (ROOT / "docs" / "parallelism.md").read_text()
     section = text[text.index("## Scaling estimate"):]
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
         r"^\| (ResNet-101|Inception V3|VGG-16) \| ([\d.]+)M \| ([\d.]+) \| ([\d.]+) \| (\d+)% \| ([\d.]+)% \|",

@@ -91,7 +91,7 @@ def fake_horovod(tmp_path: Path, patch: str | None) -> Path:
 ])
 def test_defect_09_runner_patch_says_what_the_installed_horovod_carries(tmp_path, monkeypatch, patch, says):
     """Defect: nothing looked whether Horovod carried hvtrain's launcher patch: with a site Horovod
-    (`module load horovod`) the README's horovodrun pre-emption rows were silently false. It is read
+    (`module load horovod`) docs/hpc.md's horovodrun pre-emption rows were silently false. It is read
     from Horovod's files, without importing Horovod."""
     want = horovodrun.RUNNER_PATCH
     monkeypatch.syspath_prepend(str(fake_horovod(tmp_path, None if patch is None else patch.format(want))))
