@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, run_env, tool
 from tests.multihost import NamespaceHosts, missing
-from tests.parallel.test_elastic import records
+from tests.support.checks import records
 
 CFG = "examples/digits_mlp.yaml"
 ARGS = ["--quiet", "--set", "train.epochs=2"]
@@ -207,10 +207,12 @@ def test_sigterm_to_hvtrain_launch_across_hosts_checkpoints_and_resumes_bitwise(
     run on the same hosts ends."""
     from hvtrain.errors import PREEMPTED_EXIT
     from hvtrain.io.checkpoints import list_checkpoints, step_of
-    from tests.parallel.test_preemption import preempted_step
-    from tests.parallel.test_reliability import bitwise_equal
+    from tests.support.checks import bitwise_equal, preempted_step
 
-    common = ["train", CFG, "--quiet", "--set", "train.epochs=8", "--set", "train.signal_check_every=1"]
+    # batch 8: 180 steps an epoch, seconds left after the first epoch's record (at batch 32 the 7
+    # other epochs took ~0.4 s, and under CI's load the run could end before the notice arrived: exit 0)
+    common = ["train", CFG, "--quiet", "--set", "train.epochs=8", "--set", "train.signal_check_every=1",
+              "--set", "data.batch_size=8"]
     full, part, log = tmp_path / "full", tmp_path / "part", tmp_path / "launcher.log"
 
     def launch(*args: str) -> list[str]:
