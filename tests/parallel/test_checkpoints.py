@@ -8,7 +8,7 @@ import math
 
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import hvtrain, run, tool
-from tests.parallel.test_reliability import bitwise_equal
+from tests.support.checks import bitwise_equal
 
 MLP = "examples/digits_mlp.yaml"
 SLOW = "tests/configs/slow_mlp.yaml"

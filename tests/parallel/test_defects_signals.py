@@ -23,8 +23,7 @@ from hvtrain.errors import PREEMPTED_EXIT
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from hvtrain.launch.notice import catches
 from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
-from tests.parallel.test_preemption import preempted_step, start
-from tests.parallel.test_reliability import bitwise_equal
+from tests.support.checks import bitwise_equal, preempted_step, start
 
 CFG = "examples/digits_mlp.yaml"
 COMMON = ["--quiet", "--set", "train.signal_check_every=1"]

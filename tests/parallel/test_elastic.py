@@ -12,28 +12,15 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 
 from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
+from tests.support.checks import records
 
 SLOW = "tests/configs/slow_mlp.yaml"
-
-
-def records(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being appended right now
-            break
-    return out
 
 
 def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:

@@ -12,7 +12,7 @@ import pytest
 from hvtrain.config.autotune import best_autotuned
 from hvtrain.launch.process import cpu_share, topology_key
 from tests.conftest import hvtrain, run, run_env, tool
-from tests.parallel.test_reliability import bitwise_equal
+from tests.support.checks import bitwise_equal
 
 CFG = "examples/digits_mlp.yaml"
 

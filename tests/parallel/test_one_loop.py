@@ -11,7 +11,7 @@ import pytest
 
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
-from tests.parallel.test_reliability import bitwise_equal, kill_after_checkpoint
+from tests.support.checks import bitwise_equal, kill_after_checkpoint
 
 PIPE = "examples/digits_pipeline.yaml"
 DROPOUT = "tests/configs/dropout_pipeline.yaml"

@@ -14,8 +14,8 @@ import pytest
 
 from hvtrain.errors import PREEMPTED_EXIT
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
-from tests.conftest import ROOT, hvtrain, run, run_env, tool
-from tests.parallel.test_reliability import bitwise_equal
+from tests.conftest import hvtrain, run, tool
+from tests.support.checks import bitwise_equal, preempted_step, start
 
 CFG = "examples/digits_mlp.yaml"
 COMMON = ["--quiet", "--set", "train.epochs=8", "--set", "train.signal_check_every=1"]
@@ -23,18 +23,6 @@ COMMON = ["--quiet", "--set", "train.epochs=8", "--set", "train.signal_check_eve
 
 def mpirun(*args: str) -> list[str]:
     return [tool("mpirun"), "-np", "2", "--oversubscribe", "--bind-to", "none", *args]
-
-
-def start(argv: list[str], out: Path) -> subprocess.Popen:
-    """Start a run; return once it trains (after its first epoch line)."""
-    proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    deadline = time.time() + 240
-    while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "the run did not start training"
-        time.sleep(0.05)
-    return proc
 
 
 def ranks_of(proc: subprocess.Popen) -> dict[int, psutil.Process]:
@@ -46,11 +34,6 @@ def ranks_of(proc: subprocess.Popen) -> dict[int, psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
             pass
     return found
-
-
-def preempted_step(stdout: str) -> int:
-    line = next(ln for ln in stdout.splitlines() if "preempted at epoch" in ln)  # horovodrun prefixes [1,0]
-    return int(line.split(" step ")[1].split(":")[0])
 
 
 def finish_and_compare(backend: str, full: Path, part: Path, launch: bool = False, epochs: int = 8) -> None:

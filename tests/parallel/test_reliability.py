@@ -14,7 +14,7 @@ import pytest
 
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
-from tests.support.checks import regression_npy_with_outlier, row_at
+from tests.support.checks import bitwise_equal, kill_after_checkpoint, regression_npy_with_outlier, row_at
 
 SLOW = "tests/configs/slow_mlp.yaml"
 
@@ -29,35 +29,6 @@ def mpirun(*args: str) -> list[str]:
 
 def launch(np_: int, *args: str) -> list[str]:
     return hvtrain(*args) if np_ == 1 else horovodrun(*args)
-
-
-def kill_after_checkpoint(argv: list[str], out: Path, min_step: int, timeout: float = 240) -> None:
-    """Start a run, SIGKILL its whole process group once a checkpoint at >= min_step exists."""
-    proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.time() + timeout
-    try:
-        while time.time() < deadline:
-            done = [p for p in list_checkpoints(out) if step_of(p) >= min_step]
-            if done:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
-                break
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.02)
-        else:
-            raise AssertionError("no checkpoint appeared in time")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert not (out / "final.safetensors").exists(), "killed too late: the run had finished"
-
-
-def bitwise_equal(a: Path, b: Path) -> None:
-    wa, wb = load_weights(a), load_weights(b)
-    assert sorted(wa) == sorted(wb)
-    for k in wa:
-        assert np.array_equal(wa[k], wb[k]), f"{k} differs by {np.abs(wa[k] - wb[k]).max()}"
 
 
 @pytest.mark.parametrize("backend", ["torch", "tensorflow"])
