@@ -13,11 +13,12 @@ import pytest
 import hvtrain
 from hvtrain.runtime.experiment import prepare
 from hvtrain.tools.report import auc, roc_curve, write_report
+from tests.support.launch import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_val_scores_are_the_last_evaluations_and_give_its_auc(tmp_path, backend):
     cfg = {"name": "scores", "backend": backend, "seed": 3,
            "data": {"dataset": "sklearn:digits", "batch_size": 64, "normalize": "standard"},

@@ -7,16 +7,13 @@ import json
 import math
 
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
-from tests.conftest import hvtrain, run, tool
+from tests.conftest import hvtrain, run
 from tests.support.checks import bitwise_equal
+from tests.support.launch import mpirun
 
 MLP = "examples/digits_mlp.yaml"
 SLOW = "tests/configs/slow_mlp.yaml"
 CK = ["--quiet", "--set", "train.checkpoint_every=1", "--set", "train.keep=2"]
-
-
-def mpirun(np_: int, *args: str) -> list[str]:
-    return [tool("mpirun"), "-np", str(np_), "--oversubscribe", "--bind-to", "none", *hvtrain(*args)]
 
 
 def test_a_second_run_in_a_used_output_dir_keeps_its_checkpoint_and_resumes_its_own(tmp_path):

@@ -9,13 +9,10 @@ import json
 import numpy as np
 import yaml
 
-from tests.conftest import hvtrain, run, tool
+from tests.conftest import hvtrain, run
+from tests.support.launch import mpirun
 
 FIXTURE = "tests.fixtures.user_models"
-
-
-def mpirun(*args: str) -> list[str]:
-    return [tool("mpirun"), "-np", "2", "--bind-to", "none", "--oversubscribe", *hvtrain(*args)]
 
 
 def write(tmp_path, cfg: dict) -> str:
@@ -32,7 +29,7 @@ def test_defect_02_keras_softmax_head_trains_on_two_ranks_and_predicts_its_proba
                            "model": {"entrypoint": f"{FIXTURE}:keras_softmax_head"},
                            "optimizer": {"name": "adam", "lr": 0.003}, "train": {"epochs": 6, "threads": 1}})
     out = tmp_path / "run"
-    proc = run(mpirun("train", cfg, "--output-dir", str(out)), timeout=120)
+    proc = run(mpirun(2, "train", cfg, "--output-dir", str(out)), timeout=120)
     s = json.loads((out / "summary.json").read_text())
     assert s["world_size"] == 2 and s["replicas_agree"], s
     assert s["val_loss"] < 0.3 and s["val_accuracy"] > 0.93, s
@@ -57,7 +54,7 @@ def test_defect_03_torch_one_dimensional_output_trains_on_two_ranks(tmp_path):
                            "model": {"entrypoint": f"{FIXTURE}:torch_squeezed_regressor"},
                            "optimizer": {"name": "adam", "lr": 0.01}, "train": {"epochs": 5, "threads": 1}})
     out = tmp_path / "run"
-    run(mpirun("train", cfg, "--quiet", "--output-dir", str(out)), timeout=120)
+    run(mpirun(2, "train", cfg, "--quiet", "--output-dir", str(out)), timeout=120)
     s = json.loads((out / "summary.json").read_text())
     assert s["world_size"] == 2 and s["replicas_agree"], s
     assert s["val_r2"] > 0.95, s

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
 from tests.support.checks import records
+from tests.support.launch import BACKENDS
 
 SLOW = "tests/configs/slow_mlp.yaml"
 
@@ -52,7 +53,7 @@ def third_local_address() -> str:
     pytest.fail("this machine has no non-loopback IPv4 address to offer as a third local host")
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_worker_killed_then_slot_added_back(tmp_path, backend):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
@@ -114,7 +115,7 @@ def test_elastic_flag_needs_an_elastic_launch(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("hvtrain: error: --elastic: not launched by Horovod elastic")
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_rollback_continues_exactly_like_a_resume_from_that_commit(tmp_path, backend):
     """Defect: after Horovod restored the state of commit k (a peer died mid-step), torch kept the
     .grad and TF the accumulator of the abandoned micro-batches. With grad_accumulation 2, the run

@@ -13,6 +13,7 @@ from hvtrain.config.autotune import best_autotuned
 from hvtrain.launch.process import cpu_share, topology_key
 from tests.conftest import hvtrain, run, run_env, tool
 from tests.support.checks import bitwise_equal
+from tests.support.launch import BACKENDS
 
 CFG = "examples/digits_mlp.yaml"
 
@@ -55,7 +56,7 @@ def test_autotune_writes_its_log_and_a_later_run_uses_the_best_values(tmp_path):
     assert int(knobs["HOROVOD_FUSION_THRESHOLD"]) == int(best["fusion_threshold_mb"] * 1024 * 1024)
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_gradient_groups_and_no_response_cache_give_the_same_weights(tmp_path, backend):
     """num_groups splits the fused allreduce; cache_capacity 0 renegotiates every tensor. Neither
     changes the arithmetic: the weights are bitwise those of the default run."""

@@ -10,23 +10,20 @@ import numpy as np
 import pytest
 
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
-from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
+from tests.conftest import hvtrain, load_weights, max_abs_diff, run
 from tests.support.checks import bitwise_equal, kill_after_checkpoint
+from tests.support.launch import BACKENDS, mpirun
 
 PIPE = "examples/digits_pipeline.yaml"
 DROPOUT = "tests/configs/dropout_pipeline.yaml"
 PLAIN = ["--set", "train.epochs=1", "--set", "optimizer.momentum=0", "--quiet"]
 
 
-def mpirun(np_: int, *args: str) -> list[str]:
-    return [tool("mpirun"), "-np", str(np_), "--oversubscribe", "--bind-to", "none", *hvtrain(*args)]
-
-
 def summary(d) -> dict:
     return json.loads((d / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bf16_pipeline_matches_unpipelined_bf16(tmp_path, backend):
     """Defect: pipelines ignored train.precision silently (they trained in fp32)."""
     b = ["--backend", backend, *PLAIN, "--set", "train.precision=bf16"]
@@ -44,7 +41,7 @@ def test_bf16_pipeline_matches_unpipelined_bf16(tmp_path, backend):
     assert summary(tmp_path / "pipe")["val_accuracy"] > 0.8  # one epoch of plain SGD
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_hybrid_dropout_masks_differ_per_rank_and_resume_mid_epoch_is_bitwise(tmp_path, backend):
     """Defects: pipeline ranks never seeded the framework RNG (torch replicas shared dropout masks),
     checkpointed only at epoch ends, and resumed only there."""
@@ -68,7 +65,7 @@ def test_hybrid_dropout_masks_differ_per_rank_and_resume_mid_epoch_is_bitwise(tm
     assert s["replicas_agree"] and s["resumed_from"] and s["pipeline"]["replicas"] == 2
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fp16_pipeline_with_loss_scaling_learns(tmp_path, backend):
     run(mpirun(2, "train", PIPE, "--backend", backend, "--quiet", "--set", "train.epochs=4",
                "--set", "train.precision=fp16", "--output-dir", str(tmp_path)), timeout=300)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
+from tests.support.launch import BACKENDS, mpirun
 
 CFG = "examples/digits_pipeline.yaml"
 # N plain-SGD steps. minmax: digits under `standard` has pixels that are non-zero in one or two
@@ -16,15 +17,11 @@ CFG = "examples/digits_pipeline.yaml"
 PLAIN = ["--set", "train.epochs=1", "--set", "optimizer.momentum=0", "--set", "data.normalize=minmax", "--quiet"]
 
 
-def mpirun(np_: int, *args: str) -> list[str]:
-    return [tool("mpirun"), "-np", str(np_), "--oversubscribe", "--bind-to", "none", *hvtrain(*args)]
-
-
 def summary(d) -> dict:
     return json.loads((d / "summary.json").read_text())
 
 
-@pytest.fixture(scope="module", params=["torch", "tensorflow"])
+@pytest.fixture(scope="module", params=BACKENDS)
 def runs(request, tmp_path_factory):
     backend = request.param
     base = tmp_path_factory.mktemp(f"pipe-{backend}")
@@ -100,7 +97,7 @@ def test_hybrid_example_reaches_accuracy(tmp_path):
     assert summary(out)["val_accuracy"] >= 0.95
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_hybrid_with_fp16_compression_and_accumulation_learns(tmp_path, backend):
     out = tmp_path / "run"
     run(mpirun(4, "train", CFG, "--backend", backend, "--quiet", "--output-dir", str(out), "--set", "train.epochs=6",
@@ -133,7 +130,7 @@ def test_bad_pipeline_input_fails_before_training(args, message):
     assert "epoch 1/" not in proc.stdout
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_pipeline_checkpoint_resume_is_exact(tmp_path, backend):
     """2 stages on 2 ranks: 4 epochs straight vs 2 epochs + resume for 2 more: bitwise equal."""
     full, part = tmp_path / "full", tmp_path / "part"

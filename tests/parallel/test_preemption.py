@@ -14,15 +14,12 @@ import pytest
 
 from hvtrain.errors import PREEMPTED_EXIT
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
-from tests.conftest import hvtrain, run, tool
+from tests.conftest import hvtrain, run
 from tests.support.checks import bitwise_equal, preempted_step, start
+from tests.support.launch import BACKENDS, mpirun_command
 
 CFG = "examples/digits_mlp.yaml"
 COMMON = ["--quiet", "--set", "train.epochs=8", "--set", "train.signal_check_every=1"]
-
-
-def mpirun(*args: str) -> list[str]:
-    return [tool("mpirun"), "-np", "2", "--oversubscribe", "--bind-to", "none", *args]
 
 
 def ranks_of(proc: subprocess.Popen) -> dict[int, psutil.Process]:
@@ -39,9 +36,9 @@ def ranks_of(proc: subprocess.Popen) -> dict[int, psutil.Process]:
 def finish_and_compare(backend: str, full: Path, part: Path, launch: bool = False, epochs: int = 8) -> None:
     """Resume the pre-empted run and compare it with an uninterrupted one, bit for bit."""
     args = ["train", CFG, "--backend", backend, *COMMON, "--set", f"train.epochs={epochs}"]
-    run(mpirun(*hvtrain(*args, "--output-dir", str(full))), timeout=400)
+    run(mpirun_command(2, *hvtrain(*args, "--output-dir", str(full))), timeout=400)
     resume = [*args, "--resume", "auto", "--output-dir", str(part)]
-    run(hvtrain("launch", "-np", "2", "--", *resume) if launch else mpirun(*hvtrain(*resume)), timeout=400)
+    run(hvtrain("launch", "-np", "2", "--", *resume) if launch else mpirun_command(2, *hvtrain(*resume)), timeout=400)
     bitwise_equal(full / "final.safetensors", part / "final.safetensors")
     lines = [json.loads(ln) for ln in (part / "metrics.jsonl").read_text().splitlines()]
     assert [ln["epoch"] for ln in lines] == list(range(1, epochs + 1))
@@ -64,7 +61,7 @@ def test_signal_to_mpirun_checkpoints_at_one_step_and_resumes_bitwise(tmp_path, 
     epochs = SIGTERM_EPOCHS if sig == signal.SIGTERM else 8
     argv = hvtrain("train", CFG, *COMMON, "--set", f"train.signal_check_every={check_every}",
                    "--set", f"train.epochs={epochs}", "--output-dir", str(part))
-    proc = start(mpirun(*argv), part)
+    proc = start(mpirun_command(2, *argv), part)
     proc.send_signal(sig)  # the launcher only; OpenMPI passes it on to the ranks
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == (PREEMPTED_EXIT if sig == signal.SIGUSR1 else 1), (proc.returncode, err[-2000:])
@@ -82,7 +79,7 @@ def test_signal_to_mpirun_checkpoints_at_one_step_and_resumes_bitwise(tmp_path, 
 
 def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     part = tmp_path / "part"
-    proc = start(mpirun(*hvtrain("train", CFG, *COMMON, "--output-dir", str(part))), part)
+    proc = start(mpirun_command(2, *hvtrain("train", CFG, *COMMON, "--output-dir", str(part))), part)
     ranks = ranks_of(proc)
     assert sorted(ranks) == [0, 1], ranks
     ranks[1].send_signal(signal.SIGUSR1)  # rank 1 alone (rank 0 never sees a signal)
@@ -94,7 +91,7 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert step_of(ckpt) == step and {k.split(".")[1] for k in c.tensors if k.startswith("rng.")} == {"rank0", "rank1"}
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sigterm_to_hvtrain_launch_reaches_ranks_horovodrun_would_kill(tmp_path, backend):
     """horovodrun ends its ranks on SIGTERM before they can react (measured); `hvtrain launch` passes
     a SIGTERM it receives on as SIGUSR1 to the mpirun below horovodrun, which reaches every rank."""
@@ -112,7 +109,7 @@ def test_sigterm_to_hvtrain_launch_reaches_ranks_horovodrun_would_kill(tmp_path,
 def test_a_second_signal_during_the_checkpoint_leaves_checkpoints_intact(tmp_path):
     part = tmp_path / "part"
     args = ["train", CFG, *COMMON, "--set", "train.checkpoint_every=1", "--output-dir", str(part)]
-    proc = start(mpirun(*hvtrain(*args)), part)
+    proc = start(mpirun_command(2, *hvtrain(*args)), part)
     while not list_checkpoints(part):  # an epoch checkpoint exists before the signals
         time.sleep(0.02)
     ranks = ranks_of(proc)
@@ -125,5 +122,5 @@ def test_a_second_signal_during_the_checkpoint_leaves_checkpoints_intact(tmp_pat
     for path in list_checkpoints(part):
         load(path)  # verifies the SHA-256 of every tensor: none is corrupt
     assert not list(part.glob("*.tmp")), "no unfinished checkpoint file left"
-    run(mpirun(*hvtrain(*args, "--resume", "auto")), timeout=400)
+    run(mpirun_command(2, *hvtrain(*args, "--resume", "auto")), timeout=400)
     assert (part / "final.safetensors").exists()

@@ -15,23 +15,12 @@ import pytest
 from hvtrain.io.checkpoints import list_checkpoints, load, step_of
 from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
 from tests.support.checks import bitwise_equal, kill_after_checkpoint, regression_npy_with_outlier, row_at
+from tests.support.launch import BACKENDS, horovodrun, launch, mpirun
 
 SLOW = "tests/configs/slow_mlp.yaml"
 
 
-def horovodrun(*args: str, gloo: bool = False) -> list[str]:
-    return [tool("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo" if gloo else "--mpi", *hvtrain(*args)]
-
-
-def mpirun(*args: str) -> list[str]:
-    return [tool("mpirun"), "-np", "2", "--oversubscribe", "--bind-to", "none", *hvtrain(*args)]
-
-
-def launch(np_: int, *args: str) -> list[str]:
-    return hvtrain(*args) if np_ == 1 else horovodrun(*args)
-
-
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("np_", [1, 2])
 def test_killed_run_resumes_to_identical_weights(tmp_path, backend, np_):
     full, part = tmp_path / "full", tmp_path / "part"
@@ -78,7 +67,7 @@ def test_a_rank_that_raises_ends_the_job_quickly_and_says_why(tmp_path, launcher
     args = ["train", "tests/configs/entrypoint.yaml", "--set",
             "model.entrypoint=tests.fixtures.native_models:torch_mlp_failing_on_rank", "--set", "model.kwargs={}",
             "--set", "train.epochs=50", "--output-dir", str(tmp_path)]
-    argv = mpirun(*args) if launcher == "mpirun" else horovodrun(*args, gloo=launcher == "gloo")
+    argv = mpirun(2, *args) if launcher == "mpirun" else horovodrun(2, *args, gloo=launcher == "gloo")
     started = time.time()
     proc = run(argv, check=False, timeout=120)
     assert time.time() - started < 60
@@ -91,7 +80,7 @@ def test_a_rank_that_raises_ends_the_job_quickly_and_says_why(tmp_path, launcher
 def test_a_killed_rank_ends_the_job_quickly(tmp_path, launcher):
     marker = str(tmp_path / "killme")
     args = ["train", SLOW, "--quiet", "--set", "train.epochs=30", "--output-dir", marker]
-    argv = mpirun(*args) if launcher == "mpirun" else horovodrun(*args)
+    argv = mpirun(2, *args) if launcher == "mpirun" else horovodrun(2, *args)
     proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
@@ -132,7 +121,7 @@ def test_ranks_that_disagree_are_named_at_start(tmp_path, change, differs):
     assert "epoch 1/" not in proc.stdout
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_non_finite_loss_stops_or_skips(tmp_path, backend):
     """The outlier target sits in step 16 of epoch 1 (2 ranks x 32, unshuffled): its MSE is inf.
     Step checkpoints every 3 steps exist before it, all finite, and none is written at or after it;
@@ -142,7 +131,7 @@ def test_non_finite_loss_stops_or_skips(tmp_path, backend):
             "--set", "data.shuffle=false", "--set", "loss=mse", "--set", "metrics=[r2]",
             "--set", "model.layers.2.units=1", "--set", "optimizer.lr=0.01", "--set", "train.epochs=3",
             "--set", "train.checkpoint_every=3", "--set", "train.checkpoint_unit=step", "--set", "train.keep=10"]
-    stop = run(horovodrun(*args, "--output-dir", str(tmp_path / "stop")), check=False, timeout=120)
+    stop = run(horovodrun(2, *args, "--output-dir", str(tmp_path / "stop")), check=False, timeout=120)
     assert stop.returncode != 0
     text = stop.stdout + stop.stderr
     assert "non-finite loss at epoch 1, step 16 on rank" in text and "(train.on_nan: stop" in text, text[-2000:]
@@ -150,7 +139,7 @@ def test_non_finite_loss_stops_or_skips(tmp_path, backend):
     assert [step_of(p) for p in written] == [15, 12, 9, 6, 3]
     for p in written:
         assert all(np.isfinite(v).all() for k, v in load(p).tensors.items() if v.dtype.kind == "f"), p
-    run(horovodrun(*args, "--set", "train.on_nan=skip", "--output-dir", str(tmp_path / "skip")))
+    run(horovodrun(2, *args, "--set", "train.on_nan=skip", "--output-dir", str(tmp_path / "skip")))
     weights = load_weights(tmp_path / "skip/final.safetensors")
     assert all(np.isfinite(v).all() for v in weights.values())
     summary = json.loads((tmp_path / "skip/summary.json").read_text())

@@ -7,9 +7,10 @@ import sys
 import pytest
 
 from tests.conftest import run, tool
+from tests.support.launch import BACKENDS
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_collectives_on_three_ranks(tmp_path, backend):
     run([tool("mpirun"), "-np", "3", "--oversubscribe", "--bind-to", "none", sys.executable, "-m",
          "tests.fixtures.runtime_probe", backend, str(tmp_path)], timeout=240)

@@ -13,6 +13,7 @@ from hvtrain.config.load import load_config
 from hvtrain.data.dataset import load_dataset, split_rows
 from hvtrain.data.text import load_corpus
 from tests.conftest import ROOT, hvtrain, run
+from tests.support.launch import BACKENDS
 
 
 def launch(tmp_path, example: str, backend: str, *sets: str) -> dict:
@@ -24,7 +25,7 @@ def launch(tmp_path, example: str, backend: str, *sets: str) -> dict:
     return s
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sunspot_lstm_beats_persistence_on_the_validation_years(tmp_path, backend):
     s = launch(tmp_path, "sunspots_lstm", backend, "train.epochs=15")
     f = s["series"]
@@ -34,7 +35,7 @@ def test_sunspot_lstm_beats_persistence_on_the_validation_years(tmp_path, backen
     assert f["val_mae"] == pytest.approx(s["val_mae"] * f["scale"])
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_review_classifier_beats_the_majority_class(tmp_path, backend):
     s = launch(tmp_path, "reviews_text", backend, "train.epochs=3")
     d = load_dataset(load_config(ROOT / "examples/reviews_text.yaml"), (40,), integer_input=True)

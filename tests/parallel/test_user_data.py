@@ -20,13 +20,10 @@ import pytest
 from hvtrain.io.checkpoints import list_checkpoints, step_of
 from tests.conftest import hvtrain, load_weights, max_abs_diff, run, tool
 from tests.fixtures.user_data import generated
+from tests.support.launch import mpirun_command
 
 CFG = "tests/configs/user_data.yaml"
 FILE = ["--set", "data.entrypoint=null", "--quiet"]
-
-
-def mpirun(np_: int, *args: str) -> list[str]:
-    return [tool("mpirun"), "-np", str(np_), "--oversubscribe", "--bind-to", "none", *args]
 
 
 def write_sources(root: Path) -> dict[str, str]:
@@ -70,7 +67,7 @@ def test_npy_and_shards_equal_the_in_memory_run(tmp_path, ranks):
     for name, dataset in sources.items():
         out[name] = tmp_path / name
         argv = hvtrain("train", CFG, *FILE, "--set", f"data.dataset={dataset}", "--output-dir", str(out[name]))
-        run(mpirun(2, *argv) if ranks == 2 else argv, timeout=300)
+        run(mpirun_command(2, *argv) if ranks == 2 else argv, timeout=300)
     ref = load_weights(out["npz"] / "final.safetensors")
     for name in ("npy", "npz_shards", "npy_shards"):
         gap = max_abs_diff(ref, load_weights(out[name] / "final.safetensors"))
@@ -87,10 +84,10 @@ def test_data_entrypoints_arrays_and_random_access_train_on_two_ranks(tmp_path):
     arrays, access, ref = tmp_path / "arrays", tmp_path / "access", tmp_path / "ref"
     x, y = generated()
     np.savez(tmp_path / "all.npz", x=x, y=y)
-    run(mpirun(2, *hvtrain("train", CFG, "--quiet", "--output-dir", str(arrays))), timeout=300)
-    run(mpirun(2, *hvtrain("train", CFG, "--quiet", "--set", "data.entrypoint=tests.fixtures.user_data:random_access",
+    run(mpirun_command(2, *hvtrain("train", CFG, "--quiet", "--output-dir", str(arrays))), timeout=300)
+    run(mpirun_command(2, *hvtrain("train", CFG, "--quiet", "--set", "data.entrypoint=tests.fixtures.user_data:random_access",
                            "--output-dir", str(access))), timeout=300)
-    run(mpirun(2, *hvtrain("train", CFG, *FILE, "--set", f"data.dataset=npz:{tmp_path}/all.npz",
+    run(mpirun_command(2, *hvtrain("train", CFG, *FILE, "--set", f"data.dataset=npz:{tmp_path}/all.npz",
                            "--output-dir", str(ref))), timeout=300)
     weights = load_weights(ref / "final.safetensors")
     for d in (arrays, access):
@@ -105,7 +102,7 @@ def test_loader_error_on_rank_1_ends_the_job_naming_rank_and_entrypoint(tmp_path
     """A user loader that fails on rank 1 after the label pass (inside the prefetch thread): the job
     must end quickly with that rank's message, not hang in the next allreduce."""
     t = time.monotonic()
-    proc = run(mpirun(2, *hvtrain("train", CFG, "--quiet", "--set", "train.epochs=50",
+    proc = run(mpirun_command(2, *hvtrain("train", CFG, "--quiet", "--set", "train.epochs=50",
                                   "--set", "data.entrypoint=tests.fixtures.user_data:random_access",
                                   "--set", "data.kwargs={fail_rank: 1, fail_after: 30}",
                                   "--output-dir", str(tmp_path))), timeout=120, check=False)
@@ -125,7 +122,7 @@ def test_max_steps_stops_where_it_says_and_resumes_exactly(tmp_path, ranks, accu
 
     def train(*args: str) -> None:
         argv = hvtrain("train", CFG, *common, *args)
-        run(mpirun(2, *argv) if ranks == 2 else argv, timeout=300)
+        run(mpirun_command(2, *argv) if ranks == 2 else argv, timeout=300)
 
     train("--output-dir", str(full))
     per_epoch = summary(full)["steps"] // 6  # 560 training samples: 18 steps (1 rank), 5 (2 ranks x 2)

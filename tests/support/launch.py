@@ -14,6 +14,11 @@ def mpirun(np_: int, *args: str, module: bool = True) -> list[str]:
     return [tool("mpirun"), "-np", str(np_), "--oversubscribe", "--bind-to", "none", *command]
 
 
+def mpirun_command(np_: int, *command: str) -> list[str]:
+    """`mpirun -np N COMMAND` of a whole command line (a script, `python -c`, an env wrapper)."""
+    return mpirun(np_, *command, module=False)
+
+
 def horovodrun(np_: int, *args: str, gloo: bool = False) -> list[str]:
     """Horovod's own launcher, as users type it: `horovodrun -np N -H localhost:N [--gloo] hvtrain ARGS`."""
     return [tool("horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo" if gloo else "--mpi",

@@ -30,6 +30,7 @@ from hvtrain.config.load import load_config
 from hvtrain.config.schema import Config
 from hvtrain.config.yaml import parse_override
 from hvtrain.errors import ConfigError
+from tests.support.launch import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -359,7 +360,7 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(run_args(), min_size=3, max_size=3))
