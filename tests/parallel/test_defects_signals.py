@@ -152,10 +152,10 @@ def assert_checkpointed(end: Ended, out_dir: Path, ranks: int) -> int:
 def test_defect_07_slurm_preemption_of_plain_horovodrun_checkpoints_exits_75_and_resumes_exactly(tmp_path):
     """Defect: Slurm sends SIGTERM to every process of `horovodrun -np 2 hvtrain train ...` at
     once; horovodrun (its /bin/sh -c mpirun) died of it (exit 143, no requeue) and mpirun killed
-    the ranks, often before they had checkpointed (2 of 3 tries in the report). A race, so three
-    tries: each must checkpoint at the step it names and exit 75; the last one's resume ends
-    bitwise where an uninterrupted run does."""
-    for attempt in range(3):
+    the ranks, often before they had checkpointed (2 of 3 tries in the report). A race, so two
+    tries (before the fix each lost with odds 2/3: both pass with 1/9): each must checkpoint at the
+    step it names and exit 75; the last one's resume ends bitwise where an uninterrupted run does."""
+    for attempt in range(2):
         part = tmp_path / f"part{attempt}"
         proc = start(job_argv("horovodrun", "--set", "train.epochs=40", "--output-dir", str(part)), part)
         send(the_job(proc), signal.SIGTERM)

@@ -32,9 +32,11 @@ def runs(request, tmp_path_factory):
     for schedule in ("gpipe", "1f1b"):
         run(mpirun(2, "train", CFG, *b, "--set", f"parallel.pipeline.schedule={schedule}",
                    "--output-dir", str(base / schedule)), timeout=300)
-    run(mpirun(4, "train", CFG, *b, "--output-dir", str(base / "hybrid")), timeout=300)
-    run(mpirun(4, "train", CFG, *b, "--set", "parallel.pipeline.schedule=gpipe", "--output-dir",
-               str(base / "hybrid-gpipe")), timeout=300)
+    # the hybrid under one schedule per backend (gpipe and 1f1b give the same weights: the S=2 runs
+    # here and tests/backends/test_stage.py); np=4 on 2 cores is the fixture's slowest run
+    hybrid = "gpipe" if backend == BACKENDS[0] else "1f1b"
+    run(mpirun(4, "train", CFG, *b, "--set", f"parallel.pipeline.schedule={hybrid}",
+               "--output-dir", str(base / "hybrid")), timeout=300)
     return backend, base
 
 
@@ -48,9 +50,9 @@ def test_two_stages_equal_unpipelined_run(runs, schedule):
     assert diff <= 1e-5, f"{backend} {schedule}: {diff}"
 
 
-@pytest.mark.parametrize("hybrid", ["hybrid", "hybrid-gpipe"])
-def test_hybrid_two_by_two_equals_one_rank_double_batch(runs, hybrid):
+def test_hybrid_two_by_two_equals_one_rank_double_batch(runs):
     backend, base = runs
+    hybrid = "hybrid"
     s = summary(base / hybrid)
     assert s["world_size"] == 4 and s["pipeline"]["replicas"] == 2 and s["replicas_agree"]
     diff = max_abs_diff(load_weights(base / hybrid / "final.safetensors"), load_weights(base / "flat64/final.safetensors"))

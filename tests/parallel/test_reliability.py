@@ -21,8 +21,10 @@ SLOW = "tests/configs/slow_mlp.yaml"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("np_", [1, 2])
-def test_killed_run_resumes_to_identical_weights(tmp_path, backend, np_):
+def test_killed_run_resumes_to_identical_weights(tmp_path, backend):
+    """SIGKILL after a checkpoint, --resume auto: bitwise the uninterrupted run, on 2 ranks (the
+    one-rank resume is the same path; tests/unit/test_loop.py resumes on simulated worlds)."""
+    np_ = 2
     full, part = tmp_path / "full", tmp_path / "part"
     common = ["train", SLOW, "--backend", backend, "--quiet"]
     run(launch(np_, *common, "--output-dir", str(full)), timeout=400)

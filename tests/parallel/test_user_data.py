@@ -57,8 +57,10 @@ def summary(d: Path) -> dict:
     return json.loads((d / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_npy_and_shards_equal_the_in_memory_run(tmp_path, ranks):
+def test_npy_and_shards_equal_the_in_memory_run(tmp_path):
+    """Every file kind trains to the in-memory run's weights on 2 ranks (each rank reads its own
+    rows; one rank reads them all by the same code, tests/unit/test_sources.py)."""
+    ranks = 2
     data = tmp_path / "data"
     data.mkdir()
     sources = write_sources(data)
@@ -114,8 +116,10 @@ def test_loader_error_on_rank_1_ends_the_job_naming_rank_and_entrypoint(tmp_path
     assert not (tmp_path / "final.safetensors").exists()
 
 
-@pytest.mark.parametrize("ranks, accumulation", [(1, 1), (2, 2)])
-def test_max_steps_stops_where_it_says_and_resumes_exactly(tmp_path, ranks, accumulation):
+def test_max_steps_stops_where_it_says_and_resumes_exactly(tmp_path):
+    """On 2 ranks with accumulation 2 (the one-rank, unaccumulated cases and more: max_steps in
+    tests/unit/test_loop.py on simulated worlds)."""
+    ranks, accumulation = 2, 2
     full, part = tmp_path / "full", tmp_path / "part"
     common = ["--quiet", "--set", "train.checkpoint_every=5", "--set", "train.checkpoint_unit=step",
               "--set", f"train.grad_accumulation={accumulation}"]
