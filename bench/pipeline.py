@@ -49,7 +49,8 @@ S = 2
 # Micro-batches of at least 256 rows: below that the per-micro-batch weight-gradient work (written and
 # accumulated whole, whatever the rows) stops being small next to the matmuls (see the notes).
 FULL = {"width": 512, "batch": 2048, "steps": 5, "epochs": 4, "micro": (1, 2, 4, 8), "hybrid_micro": 4}
-QUICK = {"width": 64, "batch": 32, "steps": 2, "epochs": 2, "micro": (2,), "hybrid_micro": 2}  # quick: one M (the smoke test of make test runs it)
+# quick: one M (make test's smoke test runs it)
+QUICK = {"width": 64, "batch": 32, "steps": 2, "epochs": 2, "micro": (2,), "hybrid_micro": 2}
 BACKENDS = ("torch", "tensorflow")
 TIMEOUT = 300.0
 # A one-replica pipeline runs no Horovod collective in a step (activations and gradients go by MPI

@@ -148,8 +148,9 @@ class TensorFlowBackend(Backend):
             self.loss_acc.assign_add(tf.where(finite, tf.cast(loss, tf.float64), tf.constant(0.0, tf.float64)))
             # An inf loss can have finite gradients (an overflowing squared error): NaN ones make every
             # rank skip this update alike (on_nan: skip, and the loss scale's own skip)
-            poison = tf.where(finite, tf.constant(1.0, tf.float32), tf.constant(float("nan"), tf.float32))
-            grads = [g * tf.cast(poison, g.dtype) for g in grads]
+            if self.skip_nan or scaled:  # under on_nan: stop the loop ends the job on this step
+                poison = tf.where(finite, tf.constant(1.0, tf.float32), tf.constant(float("nan"), tf.float32))
+                grads = [g * tf.cast(poison, g.dtype) for g in grads]
             return grads, loss
 
         def accumulate(x, y, w, training):

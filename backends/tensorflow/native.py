@@ -110,6 +110,8 @@ def _sigmoid_or_softmax(z: np.ndarray, p: np.ndarray) -> str | None:
     log_sigmoid = -np.logaddexp(0.0, -z)
     log_softmax = z - np.logaddexp.reduce(z, axis=1, keepdims=True)
     off = [float(np.max(np.abs(logp - c)[seen], initial=0.0)) for c in (log_sigmoid, log_softmax)]
+    if z.shape[1] == 1 and off[0] <= 1e-6:  # one output: a softmax's is exactly 1 (log 0), and so is a
+        return "sigmoid"  # sure sigmoid's in float32 (z > 16.6): the sigmoid explains it, the only trainable one
     return "sigmoid" if off[0] <= off[1] else "softmax"
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain.config.schema import Config
-from hvtrain.data.readers import check_finite, load_raw, resolve_path
+from hvtrain.data.readers import check_finite, feature_limit, load_raw, resolve_path
 from hvtrain.data.sources import ArraySource, ObjectSource, Source, digest_rows, open_npy_dir, open_shards
 from hvtrain.errors import DataError
 
@@ -154,7 +154,7 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     source, val_source, name, text = _open(cfg)
     for s in (source, val_source):  # in memory: checked whole now (file rows: in the pass of _statistics)
         if isinstance(s, ArraySource):
-            check_finite(s.x, s.name, "features")
+            check_finite(s.x, s.name, "features", limit=feature_limit(cfg.data.normalize))
     labels = source.labels()
     val_labels = val_source.labels() if val_source is not None else labels[:0]
     y_all, num_outputs, classes = _encode_labels(cfg, np.concatenate([labels, val_labels]), name)
@@ -347,7 +347,7 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
         if len(idx) == 0:
             continue
         x = source.features(idx).reshape(len(idx), width).astype(np.float64)  # float64 from the raw values
-        check_finite(x, source.name, "features", idx)
+        check_finite(x, source.name, "features", idx, limit=feature_limit(how))
         if not stats:
             continue
         x = x[member[idx] == 2]
@@ -364,7 +364,8 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
     if val_source is not source and unchecked(val_source) and val_rows is not None:
         for start in range(0, len(val_rows), chunk):
             idx = np.sort(val_rows[start: start + chunk])
-            check_finite(val_source.features(idx), f"{val_source.name} (validation files)", "features", idx)
+            check_finite(val_source.features(idx), f"{val_source.name} (validation files)", "features", idx,
+                         limit=feature_limit(how))
     if not stats:
         if cache is not None:
             _write_quietly(cache, np.zeros((2, 0)))

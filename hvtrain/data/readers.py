@@ -17,13 +17,22 @@ SKLEARN_DATASETS = ("digits", "breast_cancer", "wine", "iris")
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+STATS_MAX = 1e150  # beyond this, a float64 variance (a square) overflows: standardised to 0, silently
+
+
+def feature_limit(normalize: str) -> float:
+    """The largest |feature| hvtrain can train on: raw features (normalize: none) reach the model as
+    float32; normalised ones are scaled in float64 first, then cast (float64 statistics)."""
+    return FLOAT32_MAX if normalize == "none" else STATS_MAX
 
 
 def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray | None = None,
-                 lines: list[int] | None = None, columns: list[str] | None = None) -> None:
+                 lines: list[int] | None = None, columns: list[str] | None = None,
+                 limit: float = FLOAT32_MAX) -> None:
     """Refuse NaN and infinite values (a NaN feature or target trains to a NaN loss with no file
-    named, or skips every update under train.on_nan: skip), and float64 values beyond float32's
-    range (finite in the file, inf once cast to float32 for training). hvtrain does not impute: the user
+    named, or skips every update under train.on_nan: skip), and float64 values beyond `limit`
+    (finite in the file, inf once cast to float32 for training: feature_limit says how far a
+    feature may go; targets are float32). hvtrain does not impute: the user
     drops or fills them. The one check of every source kind (a CSV file's values too).
 
     Args:
@@ -41,16 +50,17 @@ def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray |
     flat = values.reshape(len(values), -1)
     bad = ~np.isfinite(flat)
     if not bad.any() and flat.dtype.itemsize > 4 and values.dtype.kind == "f":
-        big = np.abs(flat) > FLOAT32_MAX  # finite here, inf once cast to the float32 hvtrain trains in
+        big = np.abs(flat) > limit  # finite here, inf once cast to float32 (or squared in float64)
         if big.any():
             i, j = (int(v) for v in np.argwhere(big)[0])
             if lines is not None and columns is not None:
                 where = f"{name}:{lines[i]}: column {columns[j]!r}"
             else:
                 where = f"{name}: sample {int(samples[i]) if samples is not None else i}, {what[:-1]} {j}"
-            raise DataError(f"{where}: {flat[i, j]:.6g} overflows float32, the dtype hvtrain trains in (largest "
-                            f"{FLOAT32_MAX:.4g}; {int(big.sum())} such values in {len(values)} samples read): rescale "
-                            "the data")
+            why = ("overflows float32, the dtype hvtrain trains in (largest " if limit == FLOAT32_MAX else
+                   "is too large for float64 statistics (their squares overflow; largest ")
+            raise DataError(f"{where}: {flat[i, j]:.6g} {why}{limit:.4g}; {int(big.sum())} such values in "
+                            f"{len(values)} samples read): rescale the data")
     if bad.any():
         i, j = (int(v) for v in np.argwhere(bad)[0])
         if lines is not None and columns is not None:
@@ -141,7 +151,7 @@ def _read_csv(cfg: Config, path: Path) -> tuple[np.ndarray, np.ndarray]:
         pass  # string labels: mapped to class ids by np.unique in load_dataset
     names = [h for j, h in enumerate(header) if j != t]
     # Python's float() reads nan, inf and infinity: a NaN loss later, no file named
-    check_finite(x, str(path), "features", lines=lines, columns=names)
+    check_finite(x, str(path), "features", lines=lines, columns=names, limit=feature_limit(cfg.data.normalize))
     check_finite(y.reshape(len(y), 1), str(path), "targets", lines=lines, columns=[target])
     return x, y
 

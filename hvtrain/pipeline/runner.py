@@ -81,6 +81,7 @@ class PipelineSteps(StepRunner):
         self.scaler = LossScale(cfg.train.precision == "fp16")
         # Every rank joins the flag allreduce when any rank may decide to skip.
         self.agree = self.scaler.enabled or cfg.train.on_nan == "skip"
+        self._nonfinite = False  # a loss of this step's batches so far was not finite
 
     def describe(self) -> str:
         p = self.plan
@@ -139,9 +140,11 @@ class PipelineSteps(StepRunner):
         MPI.Request.Waitall([req for req, _ in sends])
         if not finite and self.cfg.train.on_nan == "stop":
             return False  # the loop ends the job, naming this rank
+        self._nonfinite = self._nonfinite or not finite  # over the step's accumulated batches
         if batch.apply:
             ok = self.engine.reduce_gradients(1.0 / self.scaler.scale, check_finite=self.agree)
-            ok = ok and finite  # an inf loss can have finite gradients (an overflowing squared error)
+            ok = ok and not self._nonfinite  # an inf loss can have finite gradients (an overflowing squared error)
+            self._nonfinite = False
             if self.agree:
                 ok = self.runtime.allreduce_sum(np.array([0.0 if ok else 1.0]), name="hvtrain.step_ok")[0] == 0
             self.engine.apply_update(ok)
@@ -184,6 +187,7 @@ class PipelineSteps(StepRunner):
 
     def discard_gradients(self) -> None:
         self.engine.discard_gradients()
+        self._nonfinite = False
 
     def summary(self) -> dict[str, Any]:
         p = self.plan

@@ -26,16 +26,17 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _FROM_START: list[str] = []  # what record_from_start's handler saw, until StopSignals takes it over
 
 
+def _record(signum: int, frame: Any) -> None:
+    if not _FROM_START:
+        _FROM_START.append(signal.Signals(signum).name)
+
+
 def record_from_start() -> None:
     """`hvtrain train`'s first act (hvtrain.cli imports this module before anything else): SIGTERM
     and SIGUSR1 recorded from here on, for StopSignals to take over. Before this, ~0.1 s into the
     process's life (Python's own start-up), either signal still ends it: nothing can catch it earlier."""
-    def record(signum: int, frame: Any) -> None:
-        if not _FROM_START:
-            _FROM_START.append(signal.Signals(signum).name)
-
     for sig in SIGNALS:
-        signal.signal(sig, record)
+        signal.signal(sig, _record)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # as StopSignals: a launcher may have blocked them
 
 
@@ -53,8 +54,12 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if self.enabled and threading.current_thread() is threading.main_thread():  # handlers live there only
             for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                previous = signal.signal(sig, self._handle)
+                # the start-up recorder is taken over, not restored: after the block a signal must
+                # end the process again (its default), or MPI's teardown waits for a SIGKILL
+                self._previous[sig] = signal.SIG_DFL if previous is _record else previous
             self.received = self.received or (_FROM_START[0] if _FROM_START else None)  # read once ours are in
+            _FROM_START.clear()
             # A rank may inherit SIGTERM blocked (hvtrain launch blocks it in the launcher it starts,
             # so that only the ranks act on a job-wide SIGTERM) or ignored (Horovod's middlemen, as
             # scripts/build_horovod.sh patches them): its handlers must see it all the same.

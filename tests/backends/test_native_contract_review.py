@@ -294,3 +294,16 @@ def test_finding1_a_resume_whose_checkpoint_recorded_another_form_is_refused_in_
     with pytest.raises(ConfigError, match=r"model.entrypoint: .*ckpt-.* was trained on a final sigmoid's input .*"
                                           r"this build takes a final softmax's probabilities"):
         manager(OutputForm(undo="softmax")).start("auto", "model", 1)
+
+
+def test_a_sure_single_sigmoid_is_not_taken_for_a_softmax_over_one_output():
+    """Cold review: a Keras Dense(1, sigmoid) whose probe rows all round to p = 1.0 in float32
+    (z > 16.6) was classed a softmax (log p = 0 = log_softmax exactly): evaluate/predict/export of
+    its confident rows were refused against the recorded sigmoid, and such a head at build
+    refused as a softmax over one output. A one-output softmax (p = 1 at any z) still is one."""
+    from hvtrain.backends.tensorflow.native import _sigmoid_or_softmax
+
+    z = np.full((4, 1), 20.0)
+    p = np.asarray(1 / (1 + np.exp(-z)), np.float32).astype(np.float64)
+    assert _sigmoid_or_softmax(z, p) == "sigmoid"
+    assert _sigmoid_or_softmax(np.full((4, 1), 0.3), np.ones((4, 1))) == "softmax"

@@ -104,17 +104,24 @@ def test_a_nan_anywhere_in_file_data_under_normalize_none_is_named_before_traini
 def test_a_float64_value_beyond_float32s_range_is_named_before_training(tmp_path):
     """Defect: 1e300 is finite in a float64 file, so it passed the check, and became inf in the
     float32 batch (normalize: none) or an inf variance (standard): a non-finite loss with no file
-    named. It is refused like a NaN, file and sample named."""
+    named. Raw features beyond float32 are refused like a NaN, file and sample named; normalised
+    ones only beyond what float64 statistics hold (1e39 standardises exactly in float64)."""
     x = np.random.default_rng(3).standard_normal((100, 2))
-    for normalize in ("none", "standard"):
-        d = tmp_path / normalize
+    for normalize, value, trains in (("none", 1e39, False), ("none", -1e300, False), ("standard", 1e39, True),
+                                     ("minmax", 1e39, True), ("standard", -1e300, False)):
+        d = tmp_path / f"{normalize}{value:g}"
         d.mkdir()
         cfg = npy_config(d, normalize)
         bad = int(split_rows(cfg, 100)[0][3])
         x2 = x.copy()
-        x2[bad, 1] = -1e300
+        x2[bad, 1] = value
         npy_dir(d, x2)
-        with pytest.raises(DataError, match=rf"^npy:{d}: sample {bad}, feature 1: -1e\+300 overflows float32"):
+        if trains:
+            data = load_dataset(cfg)
+            assert np.isfinite(data.train.transform.scale).all() and np.isfinite(data.train.features(np.arange(5))).all()
+            continue
+        why = "overflows float32" if normalize == "none" else "is too large for float64 statistics"
+        with pytest.raises(DataError, match=rf"^npy:{d}: sample {bad}, feature 1: {value:.6g} {why}".replace("+", r"\+")):
             load_dataset(cfg)
 
 

@@ -220,3 +220,25 @@ def test_defect_09_hvtrain_launch_warns_when_it_starts_horovodrun_without_the_pa
         assert execute.run(plan) == 0
         err = capfd.readouterr().err
         assert ("hvtrain launch: warning: Horovod's launcher lacks hvtrain's patch (absent)" in err) is warned, err
+
+
+def test_review_the_start_up_recorder_is_taken_over_not_restored():
+    """Cold review: StopSignals saved the handler it replaced, which under `hvtrain train` is the
+    start-up recorder, and put it back after training: from then on SIGTERM/SIGUSR1 were swallowed
+    through MPI's teardown (mpirun's SIGTERM waited for its SIGKILL: 137, not 143). After the block
+    the default disposition is back, and the recorder's record is consumed."""
+    import signal
+
+    from hvtrain.training import preempt
+
+    saved = {s: signal.getsignal(s) for s in preempt.SIGNALS}
+    try:
+        preempt.record_from_start()
+        with preempt.StopSignals():
+            pass
+        assert all(signal.getsignal(s) is signal.SIG_DFL for s in preempt.SIGNALS)
+        assert preempt._FROM_START == []
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+        preempt._FROM_START.clear()
