@@ -119,6 +119,8 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
         steps.loss_sum(reset=True)
         bar = reporter.progress(n_steps, f"epoch {epoch + 1}/{cfg.train.epochs}")
         micro = 0
+        bad_steps: list[int] = []  # on_nan: skip: steps with a non-finite loss on this rank
+        step_bad = False
         batches = shard_batches(order, b, steps.replica, steps.replicas, acc)
         with Prefetcher(data.train, batches, cfg.data.prefetch, steps.needs_x, steps.needs_y) as loader:
             for batch, x, y in loader:
@@ -126,9 +128,11 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                 if lr != current_lr:
                     steps.set_lr(lr)
                     current_lr = lr
-                if not steps.train_batch(batch, x, y) and cfg.train.on_nan == "stop":
-                    raise HvtrainError(f"non-finite loss at epoch {epoch + 1}, step {step + 1} on rank {info.rank} "
-                                       "(train.on_nan: stop; set train.on_nan: skip to skip such updates)")
+                if not steps.train_batch(batch, x, y):
+                    if cfg.train.on_nan == "stop":
+                        raise HvtrainError(f"non-finite loss at epoch {epoch + 1}, step {step + 1} on rank {info.rank} "
+                                           "(train.on_nan: stop; set train.on_nan: skip to skip such updates)")
+                    step_bad = True
                 micro += 1
                 if run.watchdog is not None:
                     run.watchdog.beat()
@@ -137,6 +141,9 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                 step += 1
                 run.steps_done = step
                 epoch_steps += 1
+                if step_bad:
+                    bad_steps.append(step)
+                    step_bad = False
                 bar.update()
                 if reporter.enabled and step % cfg.train.log_every == 0:
                     rate = (epoch_steps - first_steps) * global_batch * acc / (time.perf_counter() - started)
@@ -162,6 +169,7 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
             run.data_wait += loader.wait_seconds
             epoch_wait = loader.wait_seconds
         bar.close()
+        skipped = _skipped_steps(run, bad_steps, epoch, epoch_steps - first_steps)
         train_seconds = time.perf_counter() - started
         consumed = min(n_train, offset + micro * global_batch)
         val, (loss_total, wait_total) = evaluate(run, extra=[steps.loss_sum() + carried, epoch_wait])
@@ -170,16 +178,35 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                              wait_total / info.size)
         if consumed < n_train:  # stopped by train.max_steps inside the epoch
             run.stopped_early = True
-            record_epoch(run, result, current_lr, partial=True)
+            record_epoch(run, result, current_lr, partial=True, skipped=skipped)
             reporter.print(f"stopped at train.max_steps={limit} (epoch {epoch + 1}, {consumed} of {n_train} samples)")
             break
-        record_epoch(run, result, current_lr if current_lr is not None else schedule(max(at + epoch_steps - 1, 0)))
+        record_epoch(run, result, current_lr if current_lr is not None else schedule(max(at + epoch_steps - 1, 0)),
+                     skipped=skipped)
         stop = limit is not None and step >= limit
         if every and (by_step and step % every == 0 or not by_step and (epoch + 1) % every == 0 or stop):
             _checkpoint(run, Position(epoch + 1, step))
         if commit is not None:
             commit(Position(epoch + 1, step))
     return result
+
+
+def _skipped_steps(run: Run, bad: list[int], epoch: int, ran: int) -> int | None:
+    """train.on_nan: skip: how many of the steps this epoch ran were skipped for a non-finite loss
+    on some rank (one allgather at the epoch's end; None under stop, which never gets here with
+    one). An epoch that skipped every step trained nothing: that ends the run, not train_loss 0.0.
+
+    Raises:
+        HvtrainError: every step of the epoch was skipped.
+    """
+    if run.cfg.train.on_nan != "skip":
+        return None
+    skipped = len(set().union(*(set(b) for b in run.runtime.allgather_object(bad))))
+    if ran and skipped == ran:
+        raise HvtrainError(f"train.on_nan: skip skipped every one of epoch {epoch + 1}'s {ran} steps (each had a "
+                           "non-finite loss on some rank): nothing was trained; lower optimizer.lr or check the "
+                           "data's scale")
+    return skipped
 
 
 def _checkpoint(run: Run, pos: Position) -> Any:
@@ -233,10 +260,15 @@ def reduce_metrics(runtime: Runtime, metrics: MetricSet, sums: np.ndarray,
     return metrics.values(total[:metrics.size]), [float(v) for v in total[metrics.size:]]
 
 
-def record_epoch(run: Run, result: EpochResult, lr: float | None, partial: bool = False) -> None:
+def record_epoch(run: Run, result: EpochResult, lr: float | None, partial: bool = False,
+                 skipped: int | None = None) -> None:
     """One metrics.jsonl line and one printed line per epoch (`partial`: cut short by max_steps;
-    a resumed run rewrites that epoch whole)."""
+    a resumed run rewrites that epoch whole; `skipped`: on_nan: skip's skipped steps, recorded
+    as skipped_steps)."""
+    if skipped:
+        run.reporter.print(f"epoch {result.epoch}: {skipped} step(s) skipped: a non-finite loss (train.on_nan: skip)")
     run.reporter.append_metrics({"epoch": result.epoch, "train_loss": result.train_loss,
+                                 **({"skipped_steps": skipped} if skipped is not None else {}),
                                  **{f"val_{k}": v for k, v in result.val.items()},
                                  "samples_per_sec": result.samples_per_sec, "lr": lr,
                                  "data_wait_s": result.data_wait,

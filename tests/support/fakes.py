@@ -154,7 +154,7 @@ class LinearSteps:
     metrics: MetricSet
     features: int
     loss: str
-    nan_at: dict[int, int] = field(default_factory=dict)  # rank -> optimizer step whose loss is non-finite
+    nan_at: dict[int, Any] = field(default_factory=dict)  # rank -> optimizer step(s) (an int or a range) whose loss is non-finite
     reset_at: int | None = None  # raise Reset once, before this optimizer step (elastic)
     signal_at: dict[int, int] = field(default_factory=dict)  # rank -> step after which it is signalled
 
@@ -182,7 +182,8 @@ class LinearSteps:
         self.seen.extend(int(i) for i in batch.indices[batch.weights > 0])
         self.acc += np.sum(wt * (self.w - x), axis=0)
         self.loss_total += float(np.sum(wt[:, 0] * 0.5 * np.sum((self.w - x) ** 2, axis=1)))
-        finite = self.nan_at.get(self.replica) != self.steps_taken + 1
+        bad = self.nan_at.get(self.replica)
+        finite = not (bad == self.steps_taken + 1 or isinstance(bad, range) and self.steps_taken + 1 in bad)
         if batch.apply:
             self.lrs.append(self.lr)
             grad = self.runtime.allreduce_sum(self.acc, name="sim.grads")  # sum of 1/total-weighted shares

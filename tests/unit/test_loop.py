@@ -110,6 +110,17 @@ def test_a_non_finite_loss_on_one_rank_stops_the_job_naming_that_rank_and_step(t
 def test_on_nan_skip_leaves_the_decision_to_the_step_and_trains_on(tmp_path):
     out = World(2).run(tmp_path, "train.on_nan=skip", nan_at={1: 5})
     assert out.summary["steps"] == 40
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_steps"] for r in lines] == [1, 0]  # one rank's non-finite loss skips the step for all
+
+
+def test_on_nan_skip_of_every_step_of_an_epoch_ends_the_run_instead_of_reporting_a_zero_loss(tmp_path):
+    """Defect (found with the inf-loss fix): an epoch whose every step had a non-finite loss was
+    recorded with train_loss 0.0 and the run went on, exit 0. Every rank now ends it in one line."""
+    out = World(2).run(tmp_path, "train.on_nan=skip", nan_at={0: range(1, 10_000)})
+    said = [e for e in out.errors if isinstance(e, HvtrainError)]  # a rank that raised first breaks the
+    assert said and all("skipped every one of epoch 1's 20 steps" in str(e) for e in said), out.errors  # sim barrier
+    assert not (tmp_path / "summary.json").exists()
 
 
 def test_an_elastic_reset_rolls_back_to_the_last_commit_and_ends_like_an_uninterrupted_run(tmp_path):
