@@ -10,7 +10,7 @@ import pytest
 
 from hvtrain.tools.export import export_model
 from tests.backends.conftest import make_backend
-from tests.unit.test_predict_inputs import write_config, write_weights
+from tests.support.configs import write_config, write_weights
 
 MLP = "tests/configs/parity_mlp.yaml"
 FORMAT = {"torch": "torchscript", "tensorflow": "savedmodel"}  # SavedModel: the partial is a directory

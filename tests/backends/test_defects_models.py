@@ -15,28 +15,12 @@ from hvtrain.metrics.suite import MetricSet, head_sums
 from hvtrain.model.weights import describe_inputs, inputs_from
 from hvtrain.tools.predict import convert
 from tests.backends.conftest import make_backend
+from tests.support.configs import CANCER, DIGITS, FIXTURE, backend_of
+from tests.support.configs import native_config as config
 
-DIGITS = {"dataset": "sklearn:digits", "batch_size": 32}  # 64 features, 10 classes
-CANCER = {"dataset": "sklearn:breast_cancer", "batch_size": 32}  # 30 features, 2 classes
 REGRESSION = {"dataset": "synthetic:regression", "samples": 997, "features": 8, "validation_split": 0.2,
               "batch_size": 32}
 TOKENS = {"entrypoint": "tests.fixtures.user_models:token_data", "normalize": "none", "batch_size": 32}
-FIXTURE = "tests.fixtures.user_models"
-
-
-def backend_of(model: str) -> str:
-    return "tensorflow" if model.startswith("keras_") else "torch"
-
-
-def config(model: str, data: dict = DIGITS, loss: str = "cross_entropy", lr: float = 0.003, **kwargs) -> dict:
-    cfg = {"name": "contract", "seed": 3, "data": dict(data), "loss": loss,
-           "model": {"entrypoint": f"{FIXTURE}:{model}", "kwargs": kwargs},
-           "optimizer": {"name": "adam", "lr": lr}, "train": {"epochs": 1, "threads": 1}}
-    if loss in ("mse", "mae"):
-        cfg["metrics"] = ["mse"]
-    return cfg
-
-
 def built(model: str, data: dict = DIGITS, loss: str = "cross_entropy", lr: float = 0.003, **kwargs):
     return make_backend(backend_of(model), config(model, data, loss, lr, **kwargs))
 

@@ -24,7 +24,8 @@ from hvtrain.errors import ConfigError
 from hvtrain.model.native import OutputForm
 from hvtrain.model.weights import INPUTS_KEY
 from tests.backends.conftest import make_backend
-from tests.backends.test_defects_models import CANCER, DIGITS, FIXTURE, backend_of, config
+from tests.support.configs import CANCER, DIGITS, FIXTURE, backend_of
+from tests.support.configs import native_config as config
 
 ONEHOT = {"entrypoint": f"{FIXTURE}:onehot_data", "normalize": "none", "batch_size": 32}
 HEADS = {"torch": "torch_sigmoid", "tensorflow": "keras_sigmoid_head"}  # per-class sigmoids, features 10 -> 16 -> 10

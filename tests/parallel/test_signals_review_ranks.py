@@ -13,7 +13,7 @@ import time
 
 from hvtrain.launch.horovodrun import MODULE as HOROVODRUN_MODULE
 from tests.conftest import ROOT, run_env
-from tests.parallel.test_defects_signals import assert_stopped_before_training, finish, go, held_at
+from tests.support.signals import assert_stopped_before_training, finish, go, held_at
 
 
 def test_defect_05_a_notice_during_data_loading_ends_that_rank_before_the_framework_and_the_job_with_75(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from hvtrain.cli import cli
+from tests.support.configs import LIGHT
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,20 +85,6 @@ def test_backend_flag_conflicting_with_env(monkeypatch):
     monkeypatch.setenv("HVTRAIN_BACKEND", "tensorflow")
     r = invoke("train", str(ROOT / "examples/digits_mlp.yaml"), "--backend", "torch")
     assert r.exit_code == 2 and "--backend 'torch' conflicts with HVTRAIN_BACKEND='tensorflow'" in r.output
-
-
-LIGHT = """
-import sys
-from hvtrain.cli import main
-sys.argv = ["hvtrain"] + sys.argv[1:]
-try:
-    main()
-except SystemExit as exc:
-    assert exc.code in (0, None), exc.code
-heavy = sorted(m for m in sys.modules
-               if m.split(".")[0] in ("torch", "tensorflow", "horovod", "keras", "mpi4py", "tensorboard"))
-assert not heavy, heavy
-"""
 
 
 @pytest.mark.parametrize("args", [

@@ -5,6 +5,7 @@ import pytest
 from hvtrain.config.load import load_config
 from hvtrain.config.yaml import parse_override
 from hvtrain.errors import ConfigError
+from tests.support.configs import BASE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -13,17 +14,6 @@ def write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "exp.yaml"
     p.write_text(text)
     return p
-
-
-BASE = """\
-name: t
-data:
-  dataset: sklearn:digits
-model:
-  input_shape: [64]
-  layers:
-    - {type: dense, units: 10}
-"""
 
 
 def test_examples_load_with_defaults_filled():

@@ -17,7 +17,7 @@ from hvtrain.cli import cli
 from hvtrain.config.load import load_config
 from hvtrain.errors import ConfigError
 from hvtrain.launch.scheduler import detect
-from tests.unit.test_predict_inputs import write_config, write_weights
+from tests.support.configs import write_config, write_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "examples/digits_mlp.yaml"

@@ -83,7 +83,7 @@ def test_export_argument_errors_are_one_line_exit_2_before_any_framework(tmp_pat
     import sys
     from pathlib import Path
 
-    from tests.unit.test_predict_inputs import NO_FRAMEWORK
+    from tests.support.configs import NO_FRAMEWORK
 
     root = Path(__file__).resolve().parents[2]
     blocker = tmp_path / "blocker"

@@ -21,7 +21,7 @@ CLASSIFY = [Metric("accuracy"), Metric("top_k_accuracy", 3), Metric("precision")
             Metric("confusion_matrix"), Metric("roc_auc"), Metric("log_loss")]
 
 
-from tests.unit.test_config import BASE  # noqa: E402
+from tests.support.configs import BASE  # noqa: E402
 
 
 def reduce(ms: MetricSet, out: np.ndarray, y: np.ndarray, ranks: int = 2, batch: int = 37,

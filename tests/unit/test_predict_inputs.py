@@ -14,44 +14,12 @@ import pytest
 from hvtrain.errors import DataError
 from hvtrain.io import checkpoints as checkpoint
 from hvtrain.io.reporter import NpyWriter, Reporter
-from hvtrain.model.weights import INPUTS_KEY, describe_inputs, inputs_from, read_weights, require_inputs
+from hvtrain.model.weights import describe_inputs, inputs_from, read_weights, require_inputs
 from hvtrain.runtime.experiment import prepare
 from hvtrain.tools.predict import ArrayRows, Collected, CsvRows, Model, NpyRows, convert, rounds, run
-from hvtrain.training.finish import weight_metadata
+from tests.support.configs import NO_FRAMEWORK, write_config, write_weights
 
 ROOT = Path(__file__).resolve().parents[2]
-CFG = """name: tiny
-seed: 3
-data: {{dataset: "{dataset}", batch_size: 64, normalize: {normalize}}}
-loss: {loss}
-model:
-  input_shape: {shape}
-  layers:
-    - {{type: flatten}}
-    - {{type: dense, units: 8, activation: relu}}
-    - {{type: dense, units: {units}}}
-"""
-
-
-def write_config(tmp_path: Path, name: str = "cfg.yaml", dataset: str = "sklearn:digits", normalize: str = "standard",
-                 loss: str = "cross_entropy", shape: str = "[64]", units: int = 10) -> Path:
-    p = tmp_path / name
-    p.write_text(CFG.format(dataset=dataset, normalize=normalize, loss=loss, shape=shape, units=units))
-    return p
-
-
-def write_weights(tmp_path: Path, cfg_path: Path, name: str = "final.safetensors", inputs: bool = True) -> Path:
-    """A final.safetensors as `hvtrain train` writes it (initial weights: no training needed)."""
-    from safetensors.numpy import save_file
-
-    p = prepare(str(cfg_path))
-    meta = weight_metadata(p.cfg, p.spec, p.data)
-    if not inputs:
-        meta.pop(INPUTS_KEY)
-    save_file(p.spec.init_weights(p.cfg.seed), str(tmp_path / name), metadata=meta)
-    return tmp_path / name
-
-
 # ----------------------------------------------------------------------------- the inputs record
 
 
@@ -238,10 +206,6 @@ def test_convert_probabilities_logits_and_labels():
 
 
 # ----------------------------------------------------------------------------- CLI errors
-
-# A framework import on this path fails loudly: each error below must come before any framework.
-NO_FRAMEWORK = "raise ImportError('predict imported a framework before checking its input')\n"
-
 
 def predict_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     blocker = tmp_path / "blocker"

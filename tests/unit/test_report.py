@@ -162,7 +162,7 @@ def test_not_a_run_dir_is_one_line_exit_2(tmp_path, make, expected):
 
 
 def test_report_imports_no_framework(tmp_path):
-    from tests.unit.test_cli import LIGHT
+    from tests.support.configs import LIGHT
 
     run = make_run(tmp_path / "run")
     proc = subprocess.run([sys.executable, "-c", LIGHT, "report", str(run)], cwd=ROOT, capture_output=True, text=True,
