@@ -48,29 +48,29 @@ def check_finite(values: np.ndarray, name: str, what: str, samples: np.ndarray |
     if values.dtype.kind not in "fc" or len(values) == 0:
         return
     flat = values.reshape(len(values), -1)
+
+    def where(mask: np.ndarray) -> tuple[str, float]:
+        """The first flagged value's location (`file:line: column` or `sample, feature`) and value."""
+        i, j = (int(v) for v in np.argwhere(mask)[0])
+        if lines is not None and columns is not None:
+            return f"{name}:{lines[i]}: column {columns[j]!r}", flat[i, j]
+        return f"{name}: sample {int(samples[i]) if samples is not None else i}, {what[:-1]} {j}", flat[i, j]
+
     bad = ~np.isfinite(flat)
-    if not bad.any() and flat.dtype.itemsize > 4 and values.dtype.kind == "f":
+    if bad.any():
+        at, value = where(bad)
+        tally = (f"{int(bad.sum())} such values in the file" if lines is not None and columns is not None
+                 else f"{int(bad.sum())} non-finite {what} in {len(values)} samples read")
+        raise DataError(f"{at}: {value} is not a finite number ({tally}); hvtrain does not impute missing "
+                        "values: drop or fill them")
+    if flat.dtype.itemsize > 4 and values.dtype.kind == "f":
         big = np.abs(flat) > limit  # finite here, inf once cast to float32 (or squared in float64)
         if big.any():
-            i, j = (int(v) for v in np.argwhere(big)[0])
-            if lines is not None and columns is not None:
-                where = f"{name}:{lines[i]}: column {columns[j]!r}"
-            else:
-                where = f"{name}: sample {int(samples[i]) if samples is not None else i}, {what[:-1]} {j}"
+            at, value = where(big)
             why = ("overflows float32, the dtype hvtrain trains in (largest " if limit == FLOAT32_MAX else
                    "is too large for float64 statistics (their squares overflow; largest ")
-            raise DataError(f"{where}: {flat[i, j]:.6g} {why}{limit:.4g}; {int(big.sum())} such values in "
+            raise DataError(f"{at}: {value:.6g} {why}{limit:.4g}; {int(big.sum())} such values in "
                             f"{len(values)} samples read): rescale the data")
-    if bad.any():
-        i, j = (int(v) for v in np.argwhere(bad)[0])
-        if lines is not None and columns is not None:
-            where, tally = f"{name}:{lines[i]}: column {columns[j]!r}", f"{int(bad.sum())} such values in the file"
-        else:
-            sample = int(samples[i]) if samples is not None else i
-            where = f"{name}: sample {sample}, {what[:-1]} {j}"
-            tally = f"{int(bad.sum())} non-finite {what} in {len(values)} samples read"
-        raise DataError(f"{where}: {flat[i, j]} is not a finite number ({tally}); hvtrain does not impute missing "
-                        "values: drop or fill them")
 
 
 def load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:

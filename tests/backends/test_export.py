@@ -14,6 +14,7 @@ from hvtrain.backends.registry import EXPORT_FORMATS
 from hvtrain.cli import cli
 from hvtrain.tools.export import ExportMismatch, export_model, onnx_runner, verify
 from hvtrain.tools.predict import ArrayRows, load_model
+from tests.support.deployed import reload
 
 # every (format, exporting backend) the neutral table lists: a new backend or format is tested by default
 EXPORTS = [(fmt, backend) for backend, formats in EXPORT_FORMATS.items() for fmt in formats]
@@ -48,25 +49,6 @@ def raw_rows() -> np.ndarray:
     from sklearn.datasets import load_digits
 
     return load_digits().data[:150].astype(np.float32)  # as the dataset stores them, not normalised
-
-
-def reload(fmt: str, path: str):
-    """The artefact as a deployment would load it (not through hvtrain's backend code)."""
-    if fmt == "onnx":
-        import onnxruntime
-
-        s = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        assert [i.name for i in s.get_inputs()] == ["x"]
-        return lambda x: s.run(None, {"x": x})[0]
-    if fmt == "torchscript":
-        import torch
-
-        m = torch.jit.load(path)
-        return lambda x: m(torch.from_numpy(x)).detach().numpy()
-    import tensorflow as tf
-
-    f = tf.saved_model.load(path).signatures["serving_default"]
-    return lambda x: f(x=tf.constant(x))["probabilities"].numpy()
 
 
 @pytest.mark.parametrize("fmt,exporter", EXPORTS)

@@ -13,6 +13,7 @@ import pytest
 import hvtrain
 from hvtrain.backends.registry import EXPORT_FORMATS
 from hvtrain.tools.export import export_model
+from tests.support.deployed import reload
 
 EXPORTS = [(fmt, backend) for backend, formats in EXPORT_FORMATS.items() for fmt in formats]
 TOL = 1e-4
@@ -39,24 +40,6 @@ def offset_run(tmp_path_factory):
     cfg = run_config(f"npz:{d / 'd.npz'}")
     summary = hvtrain.train(cfg, output_dir=str(d / "run"), quiet=True)
     return cfg, str(d / "run" / "final.safetensors"), 1e8 + rng.standard_normal((50, 2)), summary
-
-
-def reload(fmt: str, path: str):
-    """The artefact as a deployment loads it (not through hvtrain's code)."""
-    if fmt == "onnx":
-        import onnxruntime
-
-        s = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        return lambda x: s.run(None, {"x": x})[0]
-    if fmt == "torchscript":
-        import torch
-
-        m = torch.jit.load(path)
-        return lambda x: m(torch.from_numpy(x)).detach().numpy()
-    import tensorflow as tf
-
-    f = tf.saved_model.load(path).signatures["serving_default"]
-    return lambda x: f(x=tf.constant(x))["probabilities"].numpy()
 
 
 @pytest.mark.parametrize("fmt,exporter", EXPORTS)
