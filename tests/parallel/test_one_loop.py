@@ -44,12 +44,14 @@ def test_bf16_pipeline_matches_unpipelined_bf16(tmp_path, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_hybrid_dropout_masks_differ_per_rank_and_resume_mid_epoch_is_bitwise(tmp_path, backend):
     """Defects: pipeline ranks never seeded the framework RNG (torch replicas shared dropout masks),
-    checkpointed only at epoch ends, and resumed only there."""
+    checkpointed only at epoch ends, and resumed only there. The pipeline's resume proof (each
+    backend): bitwise the uninterrupted run, and a resume under another placement is refused."""
     full, part = tmp_path / "full", tmp_path / "part"
-    common = ["train", DROPOUT, "--backend", backend, "--quiet"]
+    common = ["train", DROPOUT, "--backend", backend, "--quiet", "--set", "train.epochs=3"]
     run(mpirun(4, *common, "--output-dir", str(full)), timeout=400)
     steps_per_epoch = -(-1438 // 32)  # 2 replicas x 16
-    kill_after_checkpoint(mpirun(4, *common, "--output-dir", str(part)), part, 3 * steps_per_epoch)
+    # checkpoints every 7 steps, and no epoch end (45, 90, 135) is a multiple of 7: the newest is mid-epoch
+    kill_after_checkpoint(mpirun(4, *common, "--output-dir", str(part)), part, steps_per_epoch)
     ckpt = load(next(p for p in list_checkpoints(part) if step_of(p) % steps_per_epoch))  # a mid-epoch one
     assert 0 < ckpt.meta["offset"] < 1438
     rngs = [b"".join(v.tobytes() for k, v in sorted(ckpt.tensors.items()) if k.startswith(f"rng.rank{r}."))
@@ -60,9 +62,13 @@ def test_hybrid_dropout_masks_differ_per_rank_and_resume_mid_epoch_is_bitwise(tm
     assert resumed and int(resumed.group(2)) % steps_per_epoch, f"must resume mid-epoch: {proc.stdout}"
     bitwise_equal(full / "final.safetensors", part / "final.safetensors")
     records = [json.loads(ln) for ln in (part / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in records] == list(range(1, 9))
+    assert [r["epoch"] for r in records] == list(range(1, 4))
     s = summary(part)
     assert s["replicas_agree"] and s["resumed_from"] and s["pipeline"]["replicas"] == 2
+    # a different placement cannot silently load another layout's stage states
+    bad = run(mpirun(4, *common, "--set", "train.epochs=4", "--set", "parallel.pipeline.placement={0: [0, 0], 1: [1, 4]}",
+                     "--output-dir", str(part), "--resume", "auto"), check=False, timeout=300)
+    assert bad.returncode != 0 and "resume with the same placement" in bad.stdout + bad.stderr, bad.stderr[-2000:]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

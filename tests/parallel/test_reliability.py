@@ -26,9 +26,10 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, backend):
     one-rank resume is the same path; tests/unit/test_loop.py resumes on simulated worlds)."""
     np_ = 2
     full, part = tmp_path / "full", tmp_path / "part"
-    common = ["train", SLOW, "--backend", backend, "--quiet"]
+    # 10,000 samples: an epoch of ~60 steps, still far longer than the 20 ms the kill waits on a checkpoint
+    common = ["train", SLOW, "--backend", backend, "--quiet", "--set", "data.samples=10000"]
     run(launch(np_, *common, "--output-dir", str(full)), timeout=400)
-    steps_per_epoch = -(-32000 // (64 * np_))
+    steps_per_epoch = -(-8000 // (64 * np_))
     kill_after_checkpoint(launch(np_, *common, "--output-dir", str(part)), part, 2 * steps_per_epoch)
     proc = run(launch(np_, *common, "--output-dir", str(part), "--resume", "auto"), timeout=400)
     assert "resumed from" in proc.stdout
@@ -42,7 +43,7 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, backend):
 
 def test_corrupted_checkpoints_are_reported_and_skipped(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    common = ["train", SLOW, "--quiet", "--set", "train.epochs=3"]
+    common = ["train", SLOW, "--quiet", "--set", "train.epochs=3", "--set", "data.samples=10000"]
     run(hvtrain(*common, "--output-dir", str(full)))
     run(hvtrain(*common, "--output-dir", str(part)))
     newest, middle, oldest = list_checkpoints(part)
