@@ -3,6 +3,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2
+# pytest-xdist workers for make test (a file at a time each; most tests launch 2-4 ranks themselves)
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-unit bench lint docs clean
 
@@ -13,7 +15,7 @@ demo: setup
 	$(VENV)/bin/hvtrain launch -np $(NP) --hostfile hostfiles/localhost -- train examples/digits_mlp.yaml
 
 test: setup
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

@@ -18,6 +18,34 @@ BIN = Path(sys.executable).parent
 _CLEAN_ENV = dict(os.environ)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Draws made at collection are drawn once per session, before pytest-xdist starts its workers
+    (they inherit the environment): every worker must collect the same tests."""
+    import random
+
+    os.environ.setdefault("HVTRAIN_SIGNAL_SEED", str(random.SystemRandom().randrange(2**32)))
+
+
+# `make test` runs the suite on two pytest-xdist workers, a file per worker at a time (--dist loadfile:
+# a module's fixtures run once) in this order: the longest files first, so that both workers finish
+# together (seconds measured on 2 cores, both workers busy); unlisted files after them, the fast tiers last.
+LONGEST_FIRST = ("test_multihost.py", "test_bench_smoke.py", "test_reliability.py", "test_elastic.py",
+                 "test_one_loop.py", "test_pipeline.py", "test_data_parallel.py", "test_preemption.py",
+                 "test_defects_signals.py", "test_predict.py", "test_horovod_knobs.py", "test_graphs.py",
+                 "test_checkpoints.py", "test_user_data.py", "test_metrics.py", "test_launch.py")
+TIERS = ("parallel", "backends", "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def cost_rank(item: pytest.Item) -> tuple[int, int]:
+        path = Path(str(item.path))
+        tier = TIERS.index(path.parent.name) if path.parent.name in TIERS else len(TIERS)
+        listed = LONGEST_FIRST.index(path.name) if path.name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return tier, listed
+
+    items.sort(key=cost_rank)  # stable: a file's tests keep their order
+
+
 def tool(name: str) -> str:
     """A launcher from the venv, else PATH; fail loudly if missing (no skipping)."""
     local = BIN / name

@@ -149,7 +149,7 @@ def kept_for_the_handlers(launcher: str, target: str) -> bool:
 # Every combination, and a seeded draw of a few per run (the suite's time): each run covers others,
 # and a failure names its seed, to draw the same cases again, and its case, to run it alone.
 CASES = [c for c in itertools.product(LAUNCHERS, PHASES, TARGETS, (signal.SIGTERM, signal.SIGUSR1)) if fits(*c)]
-SEED = int(os.environ.get("HVTRAIN_SIGNAL_SEED") or random.SystemRandom().randrange(2**32))
+SEED = int(os.environ["HVTRAIN_SIGNAL_SEED"])  # drawn once per session (tests/conftest.py): one draw on every worker
 DRAWN = random.Random(SEED).sample(CASES, 5)
 
 
