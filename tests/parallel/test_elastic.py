@@ -127,12 +127,12 @@ def test_rollback_continues_exactly_like_a_resume_from_that_commit(tmp_path, bac
     script.chmod(0o755)
     out, ref = tmp_path / "run", tmp_path / "ref"
     common = ["train", SLOW, "--backend", backend, "--quiet", "--set", "model.layers.1.rate=0.0",
-              "--set", "data.samples=16000", "--set", "train.epochs=4", "--set", "train.grad_accumulation=2",
+              "--set", "data.samples=16000", "--set", "train.epochs=5", "--set", "train.grad_accumulation=2",
               "--set", "train.elastic_commit_every=5", "--set", "train.checkpoint_unit=step",
               "--set", "train.checkpoint_every=5", "--set", "train.keep=1000"]
     # 50 steps per epoch on 2 ranks (12,800 samples, 2 x 64 x 2): a multiple of 5, so the epoch-end commit
     # is a checkpoint too and every commit the run can roll back to has a checkpoint to resume the
-    # reference from; 3 epochs left after the first: time for the kill to land mid-run
+    # reference from; 4 epochs (200 steps) left after the first: time for the kill to land mid-run
     argv = [tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
             "--host-discovery-script", str(script), *hvtrain(*common, "--elastic", "--output-dir", str(out))]
     proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -27,9 +27,10 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, backend):
     np_ = 2
     full, part = tmp_path / "full", tmp_path / "part"
     # 10,000 samples: an epoch of ~60 steps, still far longer than the 20 ms the kill waits on a checkpoint
-    common = ["train", SLOW, "--backend", backend, "--quiet", "--set", "data.samples=10000"]
+    samples = 10_000
+    common = ["train", SLOW, "--backend", backend, "--quiet", "--set", f"data.samples={samples}"]
     run(launch(np_, *common, "--output-dir", str(full)), timeout=400)
-    steps_per_epoch = -(-8000 // (64 * np_))
+    steps_per_epoch = -(-int(samples * 0.8) // (64 * np_))  # validation_split 0.2
     kill_after_checkpoint(launch(np_, *common, "--output-dir", str(part)), part, 2 * steps_per_epoch)
     proc = run(launch(np_, *common, "--output-dir", str(part), "--resume", "auto"), timeout=400)
     assert "resumed from" in proc.stdout
