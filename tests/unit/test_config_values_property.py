@@ -70,6 +70,7 @@ RANGES: dict[str, Spec] = {
     "data.prefetch": I(0), "data.validation_split": F(0, 1, hi_open=True), "data.batch_size": I(1),
     "data.samples": I(1), "data.features": I(1), "data.classes": I(1), "data.window": I(1, optional=True),
     "data.horizon": I(1), "data.vocab_size": I(3), "data.max_len": I(1),
+    "data.image.size": I(1, 65535, optional=True, items=True),
     "model.input_shape": I(1, optional=True, items=True),
     "optimizer.lr": F(0, lo_open=True), "optimizer.momentum": F(0, 1, hi_open=True), "optimizer.weight_decay": F(0),
     "optimizer.betas": F(0, 1, hi_open=True, items=True), "optimizer.eps": F(0, lo_open=True),
@@ -186,7 +187,8 @@ def acceptable(spec: Spec, value: Any) -> bool:
     if spec.items:
         if not isinstance(value, list) or not value or not all(one(v) for v in value):
             return False
-        return len(value) == 2 if spec is RANGES["optimizer.betas"] else True
+        pairs = (RANGES["optimizer.betas"], RANGES["data.image.size"])  # [beta1, beta2], [height, width]
+        return len(value) == 2 if any(spec is p for p in pairs) else True
     return one(value)
 
 

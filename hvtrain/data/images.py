@@ -1,0 +1,122 @@
+"""`images:DIR`: a folder of image files per class (the ImageFolder / ImageNet layout), decoded by
+Pillow into channels-last uint8 rows of one size.
+
+    DIR/<class>/*.jpg|jpeg|png             one folder: split by data.validation_split (seeded)
+    DIR/train/<class>/..., DIR/val/<class>/...   an explicit split (both, with the same classes)
+
+Labels are the class folders' names, sorted (what ImageFolder does); a sample's order is its class,
+then its file name, so every rank and every run sees the same rows. An image is decoded only when
+a batch (or the start-up pass that checks every row and fits the normalisation) reads it; a file
+Pillow cannot read is a DataError naming it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hvtrain.data.sources import Source
+from hvtrain.errors import DataError
+
+EXTENSIONS = (".jpg", ".jpeg", ".png")
+
+
+class ImageFolderSource(Source):
+    """The image files of one folder of class folders, as (H, W, C) uint8 feature rows."""
+
+    def __init__(self, files: list[Path], labels: np.ndarray, size: tuple[int, int], channels: int,
+                 name: str, root: Path) -> None:
+        self.files, self._labels, self.size, self.channels = files, labels, size, channels
+        self.name, self.root = name, root
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return (*self.size, self.channels)
+
+    def features(self, indices: np.ndarray) -> np.ndarray:
+        out = np.empty((len(indices), *self.feature_shape), np.uint8)
+        for i, index in enumerate(np.asarray(indices, np.int64)):
+            out[i] = decode(self.files[index], self.size, self.channels)
+        return out
+
+    def labels(self) -> np.ndarray:
+        return self._labels
+
+    def identity(self) -> list[Any]:
+        """The files (path under the folder, size, modification time) and the decoded shape."""
+        rows = []
+        for path in self.files:
+            st = path.stat()
+            rows.append([str(path.relative_to(self.root)), st.st_size, st.st_mtime_ns])
+        return [str(self.root.resolve()), list(self.feature_shape), rows]
+
+    def cache_dir(self) -> Path:
+        return self.root
+
+
+def decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray:
+    """One file as (H, W, C) uint8: converted to RGB (3) or L (1), resized to `size` (H, W) with
+    bilinear filtering when it differs (Pillow's resize: the same bytes on every rank)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image = image.convert("RGB" if channels == 3 else "L")
+            if image.size != (size[1], size[0]):
+                image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            pixels = np.asarray(image, np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable image ({type(exc).__name__}: {exc})") from None
+    return pixels.reshape(*size, channels)
+
+
+def _class_files(root: Path, where: str) -> tuple[list[Path], list[str]]:
+    """Every image of every class folder of `root`: (files, class names), in class then file order."""
+    if not root.is_dir():
+        raise DataError(f"{where}: {root} is not a directory (images:DIR holds one folder per class)")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise DataError(f"{where}: {root} has no class folders (images:DIR holds DIR/<class>/*.jpg|png)")
+    files, labels = [], []
+    for name in classes:
+        found = sorted(p for p in (root / name).iterdir() if p.is_file() and p.suffix.lower() in EXTENSIONS)
+        if not found:
+            raise DataError(f"{where}: class folder {root / name} holds no {'/'.join(EXTENSIONS)} file")
+        files += found
+        labels += [name] * len(found)
+    return files, labels
+
+
+def open_image_folder(cfg: Any, root: Path) -> tuple[ImageFolderSource, ImageFolderSource | None]:
+    """The training source and, with DIR/train and DIR/val, the separate validation source."""
+    image = cfg.data.image
+    where = cfg.where("data.dataset")
+    if image.size is None:
+        raise cfg.fail("data.image.size", f"is required for {cfg.data.dataset}: the [height, width] every "
+                                          "image is resized to")
+    if len(image.size) != 2:
+        raise cfg.fail("data.image.size", f"expected [height, width], got {image.size}")
+    size, channels = (int(image.size[0]), int(image.size[1])), int(image.channels)
+
+    def source(folder: Path, name: str) -> tuple[ImageFolderSource, list[str]]:
+        files, labels = _class_files(folder, where)
+        return ImageFolderSource(files, np.array(labels), size, channels, name, folder), sorted(set(labels))
+
+    train_dir, val_dir = root / "train", root / "val"
+    if train_dir.is_dir() or val_dir.is_dir():
+        if not (train_dir.is_dir() and val_dir.is_dir()):
+            raise DataError(f"{where}: {root} has {'train' if train_dir.is_dir() else 'val'}/ but not "
+                            f"{'val' if train_dir.is_dir() else 'train'}/ (an explicit split needs both)")
+        train, train_classes = source(train_dir, f"{cfg.data.dataset} (train/)")
+        val, val_classes = source(val_dir, f"{cfg.data.dataset} (val/)")
+        if train_classes != val_classes:
+            only = sorted(set(train_classes) ^ set(val_classes))
+            raise DataError(f"{where}: {root}: train/ and val/ must hold the same class folders; only in one of "
+                            f"them: {', '.join(only)}")
+        return train, val
+    return source(root, cfg.data.dataset)[0], None
