@@ -21,6 +21,11 @@ from hvtrain.data.sources import Source
 from hvtrain.errors import DataError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png")
+# what unzipping on macOS leaves beside the data: never a class, never an image
+IGNORED = ("__MACOSX",)
+# modes whose values are not 8-bit: Pillow's convert() to L or RGB clips them at 255 (a 16-bit
+# grayscale PNG of 0..65535 decodes nearly all white), so they are refused, not trained on
+WIDE_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 
 
 class ImageFolderSource(Source):
@@ -66,11 +71,14 @@ def decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray:
 
     try:
         with Image.open(path) as image:
+            if image.mode in WIDE_MODES:
+                raise DataError(f"{path}: a {image.mode} image (more than 8 bits a value); hvtrain decodes 8-bit "
+                                "images: convert the files to 8 bits (PNG L/RGB or JPEG)")
             image = image.convert("RGB" if channels == 3 else "L")
             if image.size != (size[1], size[0]):
                 image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             pixels = np.asarray(image, np.uint8)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as exc:
         raise DataError(f"{path}: not a readable image ({type(exc).__name__}: {exc})") from None
     return pixels.reshape(*size, channels)
 
@@ -79,17 +87,45 @@ def _class_files(root: Path, where: str) -> tuple[list[Path], list[str]]:
     """Every image of every class folder of `root`: (files, class names), in class then file order."""
     if not root.is_dir():
         raise DataError(f"{where}: {root} is not a directory (images:DIR holds one folder per class)")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    classes = _folders(root)
     if not classes:
         raise DataError(f"{where}: {root} has no class folders (images:DIR holds DIR/<class>/*.jpg|png)")
+    splits = {"valid", "validation", "test"} & set(classes)
+    if "train" in classes and splits and any(p.is_dir() for p in (root / "train").iterdir()):
+        raise DataError(f"{where}: {root} looks like a split (train/ and {'/, '.join(sorted(splits))}/ of class "
+                        "folders), not classes: hvtrain's explicit split is DIR/train and DIR/val")
     files, labels = [], []
     for name in classes:
-        found = sorted(p for p in (root / name).iterdir() if p.is_file() and p.suffix.lower() in EXTENSIONS)
+        found = []
+        for p in sorted((root / name).rglob("*")):  # as torchvision's ImageFolder: images in subfolders too
+            if any(part.startswith(".") for part in p.relative_to(root / name).parts):
+                continue  # hidden files and folders (macOS's ._name files among them)
+            if p.is_symlink() and not p.exists():
+                raise DataError(f"{where}: {p} is a symbolic link to a missing file")
+            if p.is_file() and p.suffix.lower() in EXTENSIONS:
+                found.append(p)
         if not found:
             raise DataError(f"{where}: class folder {root / name} holds no {'/'.join(EXTENSIONS)} file")
         files += found
         labels += [name] * len(found)
     return files, labels
+
+
+def _folders(root: Path) -> list[str]:
+    """The class (or split) folders of `root`, sorted: not hidden, not macOS's __MACOSX."""
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and p.name not in IGNORED)
+
+
+def _is_split(root: Path) -> bool:
+    """DIR/train + DIR/val (+ an unused DIR/test) holding class folders: an explicit split. A
+    dataset whose classes are called train or val (CIFAR-100 has a "train" class) is not one:
+    it has other class folders beside them, or images directly inside them."""
+    folders = set(_folders(root))
+    if "train" not in folders and "val" not in folders or not folders <= {"train", "val", "test"}:
+        return False
+    return not any(p.is_file() and p.suffix.lower() in EXTENSIONS for p in (root / "train").iterdir()) \
+        if (root / "train").is_dir() else True
 
 
 def open_image_folder(cfg: Any, root: Path) -> tuple[ImageFolderSource, ImageFolderSource | None]:
@@ -108,7 +144,7 @@ def open_image_folder(cfg: Any, root: Path) -> tuple[ImageFolderSource, ImageFol
         return ImageFolderSource(files, np.array(labels), size, channels, name, folder), sorted(set(labels))
 
     train_dir, val_dir = root / "train", root / "val"
-    if train_dir.is_dir() or val_dir.is_dir():
+    if root.is_dir() and _is_split(root):
         if not (train_dir.is_dir() and val_dir.is_dir()):
             raise DataError(f"{where}: {root} has {'train' if train_dir.is_dir() else 'val'}/ but not "
                             f"{'val' if train_dir.is_dir() else 'train'}/ (an explicit split needs both)")

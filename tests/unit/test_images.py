@@ -92,3 +92,47 @@ def test_image_options_that_cannot_work_are_located_config_errors(tmp_path, imag
     with pytest.raises(ConfigError, match=said.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
                        .replace(")", r"\)")):
         load_dataset(cfg_for(tmp_path, f"images:{tmp_path / 'd'}", image=image))
+
+
+def test_a_16_bit_image_is_refused_not_clipped_to_white(tmp_path):
+    digits_image_folder(tmp_path / "d", per_class=2)
+    wide = tmp_path / "d" / "3" / "0000.png"
+    Image.fromarray(np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000).save(wide)  # mode I;16
+    with pytest.raises(DataError, match=rf"{wide}: a I;16 image \(more than 8 bits a value\)"):
+        load_dataset(cfg_for(tmp_path, f"images:{tmp_path / 'd'}"))
+
+
+def test_classes_called_train_are_classes_and_a_train_valid_split_is_refused(tmp_path):
+    for cls in ("bus", "train", "tram"):  # CIFAR-100 has a "train" class
+        digits_image_folder(tmp_path / "vehicles" / cls, per_class=1, classes=2)
+    for folder in (tmp_path / "vehicles" / c for c in ("bus", "train", "tram")):
+        for sub in list(folder.iterdir()):  # flatten: images directly in each class folder
+            for f in sub.iterdir():
+                f.rename(folder / f"{sub.name}-{f.name}")
+            sub.rmdir()
+    d = load_dataset(cfg_for(tmp_path, f"images:{tmp_path / 'vehicles'}"))
+    assert list(d.classes) == ["bus", "train", "tram"] and len(d.train) + len(d.val) == 6
+    digits_image_folder(tmp_path / "kaggle" / "train", per_class=2)
+    digits_image_folder(tmp_path / "kaggle" / "valid", per_class=1)
+    with pytest.raises(DataError, match="looks like a split .* explicit split is DIR/train and DIR/val"):
+        load_dataset(cfg_for(tmp_path, f"images:{tmp_path / 'kaggle'}"))
+
+
+def test_hidden_files_and_macos_folders_are_skipped_and_subfolders_are_read(tmp_path):
+    digits_image_folder(tmp_path / "d", per_class=2)
+    (tmp_path / "d" / "4" / "._0000.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (tmp_path / "d" / "__MACOSX").mkdir()
+    (tmp_path / "d" / "2" / "more").mkdir()
+    (tmp_path / "d" / "5" / "0000.png").rename(tmp_path / "d" / "2" / "more" / "x.png")
+    d = load_dataset(cfg_for(tmp_path, f"images:{tmp_path / 'd'}"))
+    assert d.num_outputs == 10 and len(d.train) + len(d.val) == 20  # the moved file counts for class 2
+    assert int(np.sum(np.concatenate([d.train.y, d.val.y]) == 2)) == 3
+
+
+def test_an_image_beyond_pillows_bomb_limit_is_a_located_error(tmp_path, monkeypatch):
+    from PIL import Image as PILImage
+
+    digits_image_folder(tmp_path / "d", per_class=2)
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 20)  # 8x8 = 64 > 2 x 20: Pillow's error, not its warning
+    with pytest.raises(DataError, match="not a readable image \\(DecompressionBombError"):
+        load_dataset(cfg_for(tmp_path, f"images:{tmp_path / 'd'}"))
