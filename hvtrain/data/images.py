@@ -53,12 +53,15 @@ class ImageFolderSource(Source):
         return self._labels
 
     def identity(self) -> list[Any]:
-        """The files (path under the folder, size, modification time) and the decoded shape."""
+        """The files (path under the folder, size, modification time), the decoded shape and the
+        Pillow that decodes them (JPEG decoding differs between libjpeg versions)."""
+        import PIL
+
         rows = []
         for path in self.files:
             st = path.stat()
             rows.append([str(path.relative_to(self.root)), st.st_size, st.st_mtime_ns])
-        return [str(self.root.resolve()), list(self.feature_shape), rows]
+        return [str(self.root.resolve()), list(self.feature_shape), f"Pillow {PIL.__version__}", rows]
 
     def cache_dir(self) -> Path:
         return self.root
