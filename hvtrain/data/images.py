@@ -35,6 +35,7 @@ class ImageFolderSource(Source):
                  name: str, root: Path) -> None:
         self.files, self._labels, self.size, self.channels = files, labels, size, channels
         self.name, self.root = name, root
+        self._identity: list[Any] | None = None  # the files are stat'ed once, however often it is asked
 
     def __len__(self) -> int:
         return len(self.files)
@@ -57,11 +58,14 @@ class ImageFolderSource(Source):
         Pillow that decodes them (JPEG decoding differs between libjpeg versions)."""
         import PIL
 
+        if self._identity is not None:
+            return self._identity
         rows = []
         for path in self.files:
             st = path.stat()
             rows.append([str(path.relative_to(self.root)), st.st_size, st.st_mtime_ns])
-        return [str(self.root.resolve()), list(self.feature_shape), f"Pillow {PIL.__version__}", rows]
+        self._identity = [str(self.root.resolve()), list(self.feature_shape), f"Pillow {PIL.__version__}", rows]
+        return self._identity
 
     def cache_dir(self) -> Path:
         return self.root
@@ -138,8 +142,6 @@ def open_image_folder(cfg: Any, root: Path) -> tuple[ImageFolderSource, ImageFol
     if image.size is None:
         raise cfg.fail("data.image.size", f"is required for {cfg.data.dataset}: the [height, width] every "
                                           "image is resized to")
-    if len(image.size) != 2:
-        raise cfg.fail("data.image.size", f"expected [height, width], got {image.size}")
     size, channels = (int(image.size[0]), int(image.size[1])), int(image.channels)
 
     def source(folder: Path, name: str) -> tuple[ImageFolderSource, list[str]]:

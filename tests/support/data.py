@@ -15,10 +15,9 @@ def digits_image_folder(root: Path, per_class: int, start: int = 0, classes: int
     interleaved; a file's name is its rank within its class, so the folder's order is a stable
     sort by class)."""
     from PIL import Image
+    from sklearn.datasets import load_digits
 
-    from hvtrain.data.readers import _sklearn_digits
-
-    digits, labels = _sklearn_digits()
+    digits, labels = load_digits(return_X_y=True)
     pixels = (digits * 15).astype(np.uint8).reshape(-1, 8, 8)
     counts: dict[int, int] = {}
     xs, ys = [], []
