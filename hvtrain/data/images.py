@@ -71,23 +71,36 @@ class ImageFolderSource(Source):
         return self.root
 
 
-def decode(path: Path, size: tuple[int, int], channels: int) -> np.ndarray:
-    """One file as (H, W, C) uint8: converted to RGB (3) or L (1), resized to `size` (H, W) with
-    bilinear filtering when it differs (Pillow's resize: the same bytes on every rank)."""
+def decode(path: Path | bytes, size: tuple[int, int], channels: int, where: str | None = None) -> np.ndarray:
+    """One image (a file, or its encoded bytes: a tar member, a Parquet cell) as (H, W, C) uint8:
+    converted to RGB (3) or L (1), resized to `size` (H, W) with bilinear filtering when it differs
+    (Pillow's resize: the same bytes on every rank). `where` names it in errors (default: the path)."""
+    import io
+
     from PIL import Image, UnidentifiedImageError
 
+    where = where or str(path)
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(path) if isinstance(path, (bytes, bytearray, memoryview)) else path) as image:
             if image.mode in WIDE_MODES:
-                raise DataError(f"{path}: a {image.mode} image (more than 8 bits a value); hvtrain decodes 8-bit "
+                raise DataError(f"{where}: a {image.mode} image (more than 8 bits a value); hvtrain decodes 8-bit "
                                 "images: convert the files to 8 bits (PNG L/RGB or JPEG)")
             image = image.convert("RGB" if channels == 3 else "L")
             if image.size != (size[1], size[0]):
                 image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             pixels = np.asarray(image, np.uint8)
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable image ({type(exc).__name__}: {exc})") from None
+        raise DataError(f"{where}: not a readable image ({type(exc).__name__}: {exc})") from None
     return pixels.reshape(*size, channels)
+
+
+def image_size(cfg: Any) -> tuple[tuple[int, int], int]:
+    """data.image's (size, channels): the size is required for a dataset of encoded images."""
+    image = cfg.data.image
+    if image.size is None:
+        raise cfg.fail("data.image.size", f"is required for {cfg.data.dataset}: the [height, width] every "
+                                          "image is resized to")
+    return (int(image.size[0]), int(image.size[1])), int(image.channels)
 
 
 def _class_files(root: Path, where: str) -> tuple[list[Path], list[str]]:
@@ -137,12 +150,8 @@ def _is_split(root: Path) -> bool:
 
 def open_image_folder(cfg: Any, root: Path) -> tuple[ImageFolderSource, ImageFolderSource | None]:
     """The training source and, with DIR/train and DIR/val, the separate validation source."""
-    image = cfg.data.image
     where = cfg.where("data.dataset")
-    if image.size is None:
-        raise cfg.fail("data.image.size", f"is required for {cfg.data.dataset}: the [height, width] every "
-                                          "image is resized to")
-    size, channels = (int(image.size[0]), int(image.size[1])), int(image.channels)
+    size, channels = image_size(cfg)
 
     def source(folder: Path, name: str) -> tuple[ImageFolderSource, list[str]]:
         files, labels = _class_files(folder, where)

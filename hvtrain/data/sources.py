@@ -340,13 +340,13 @@ class NpyPair(Source):
         return self.y.whole()
 
     def identity(self) -> list[Any]:
-        return [_stat(self.x.path), _stat(self.y.path)]
+        return [file_stat(self.x.path), file_stat(self.y.path)]
 
     def cache_dir(self) -> Path:
         return self.x.path.parent
 
 
-def _stat(path: Path) -> list[Any]:
+def file_stat(path: Path) -> list[Any]:
     st = path.stat()
     return [path.name, st.st_size, st.st_mtime_ns]
 
@@ -407,7 +407,7 @@ class ShardSource(Source):
         return np.concatenate([s.labels() for s in self.shards])
 
     def identity(self) -> list[Any]:
-        return [_stat(p) for s in self.shards for p in {s.x.path: None, s.y.path: None}]
+        return [file_stat(p) for s in self.shards for p in {s.x.path: None, s.y.path: None}]
 
     def cache_dir(self) -> Path:
         return self.shards[0].x.path.parent
@@ -417,11 +417,7 @@ def open_shards(pattern: str, base: Path) -> ShardSource:
     """Shard files matching `pattern` (relative: to the working directory, else to `base`): .npz
     files holding arrays x and y, or .npy feature files whose name has the token `x` (`x_003.npy`,
     `part-3.x.npy`) beside the label file with that token replaced by `y`."""
-    paths = sorted(globlib.glob(pattern, recursive=True))
-    if not paths and not os.path.isabs(pattern):
-        paths = sorted(globlib.glob(str(base / pattern), recursive=True))
-    if not paths:
-        raise DataError(f"no shard files match {pattern!r}")
+    paths = match_files(pattern, base, "shard")
     labels = {_label_file(Path(p)) for p in paths if p.endswith(".npy")} - {None}
     shards = []
     for p in (Path(p) for p in paths if Path(p) not in labels):  # `dir/*.npy` also matches the y files
@@ -438,6 +434,17 @@ def open_shards(pattern: str, base: Path) -> ShardSource:
         else:
             raise DataError(f"{p}: shard files are .npz or .npy, got {p.suffix or 'no suffix'!r}")
     return ShardSource(shards, pattern)
+
+
+def match_files(pattern: str, base: Path, what: str) -> list[str]:
+    """The files matching a glob (relative: to the working directory, else to `base`), sorted; a
+    DataError when none does."""
+    paths = sorted(p for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p))
+    if not paths and not os.path.isabs(pattern):
+        paths = sorted(p for p in globlib.glob(str(base / pattern), recursive=True) if os.path.isfile(p))
+    if not paths:
+        raise DataError(f"no {what} files match {pattern!r}")
+    return paths
 
 
 def _label_file(path: Path) -> Path | None:
