@@ -146,7 +146,6 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
     from hvtrain.io.reporter import Reporter
     from hvtrain.model.weights import describe_inputs
     from hvtrain.training.checkpoint import CheckpointManager
-    from hvtrain.training.loop import fit
     from hvtrain.training.run import Run
     from hvtrain.training.steps import DataParallelSteps
 
@@ -182,6 +181,22 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
     inputs = describe_inputs(cfg, p.data, s.backend.output_form() if s.plan is None and p.spec is None else None)
     run = Run(cfg, p.spec, p.data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, layout, inputs),
               metrics, init_unread=p.initial is None and p.spec is not None and cfg.model.init_from is not None)
+    if cfg.data.workers:
+        from hvtrain.data.loader import Workers
+
+        run.data_workers = Workers(p.data.train, cfg.data.workers)
+    try:
+        return _fit(run, s, rt, reporter, resume, signals)
+    finally:
+        if run.data_workers is not None:
+            run.data_workers.close()
+
+
+def _fit(run: Any, s: Session, rt: Any, reporter: Any, resume: str | None, signals: Any) -> dict[str, Any]:
+    """The loop of fit_session, around it the lost-host watchdog and the signal handlers."""
+    from hvtrain.training.loop import fit
+
+    cfg = run.cfg
     if s.elastic:  # a joining worker must meet nothing but Horovod's state sync: no gather
         import socket
 

@@ -99,6 +99,8 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
     reporter.print(f"hvtrain {__version__}: {cfg.name} on {cfg.backend}, {info.size} rank(s) [{info.controller}], "
                    f"{steps.describe()}, {data.name}: {n_train} train / {len(data.val)} val samples, "
                    f"global batch {global_batch * acc}, {n_steps} steps/epoch"
+                   + (f", augment: {data.train.augment.describe()}" if data.train.augment else "")
+                   + (f", {cfg.data.workers} data worker(s) per rank" if cfg.data.workers else "")
                    + (f", {run.spec.param_count:,} parameters" if run.spec else ""))
     current_lr = None
     step = pos.step
@@ -122,7 +124,8 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
         bad_steps: list[int] = []  # on_nan: skip: steps with a non-finite loss on this rank
         step_bad = False
         batches = shard_batches(order, b, steps.replica, steps.replicas, acc)
-        with Prefetcher(data.train, batches, cfg.data.prefetch, steps.needs_x, steps.needs_y) as loader:
+        with Prefetcher(data.train, batches, cfg.data.prefetch, steps.needs_x, steps.needs_y,
+                        epoch, run.data_workers) as loader:
             for batch, x, y in loader:
                 lr = schedule(at + epoch_steps)
                 if lr != current_lr:

@@ -62,4 +62,5 @@ class Run:
     stopped_early: bool = False  # train.max_steps ended the run before its last epoch's end
     signals: StopSignals | None = None  # SIGTERM/SIGUSR1 seen by this rank (pre-emption); None: not watched
     watchdog: Watchdog | None = None  # lost-host watchdog, told of every step (None: one rank, elastic, off)
+    data_workers: Any = None  # hvtrain.data.loader.Workers of data.workers (None: none)
     manifest: Callable[[], None] | None = None  # writes manifest.json once the run trains (not for a finished one)
