@@ -254,3 +254,29 @@ def test_an_image_folder_trains_to_the_weights_of_its_decoded_arrays_on_two_rank
     assert gap <= 1e-6, f"images: differs from the in-memory run of its pixels by {gap}"
     s = summary(tmp_path / "images")
     assert s["world_size"] == 2 and s["val_accuracy"] == summary(tmp_path / "npz")["val_accuracy"] > 0.8, s
+
+
+def test_augmented_file_datasets_are_world_size_independent(tmp_path):
+    """webdataset: with augmentation and 2 data workers per rank on 2 ranks equals 1 rank with the
+    doubled batch, and parquet: and npz: of the same pixels on 2 ranks (issue 23): the draws are
+    per sample, so neither the rank count nor the file kind changes what is trained on."""
+    from tests.support.data import digits_parquet, digits_webdataset
+
+    x, y = digits_webdataset(tmp_path / "wds", 600, shards=4)
+    digits_parquet(tmp_path / "pq", 600, files=3, row_group=64, layout="image")
+    np.savez(tmp_path / "digits.npz", x=x, y=y)
+    cfg = "tests/configs/augmented_digits.yaml"
+    runs = {"wds2": (2, 16, f"webdataset:{tmp_path}/wds/*.tar", ["--set", "data.workers=2"]),
+            "wds1": (1, 32, f"webdataset:{tmp_path}/wds/*.tar", []),
+            "pq2": (2, 16, f"parquet:{tmp_path}/pq/*.parquet", ["--set", "data.image.column=image"]),
+            "npz2": (2, 16, f"npz:{tmp_path}/digits.npz", [])}
+    for name, (ranks, batch, dataset, extra) in runs.items():
+        argv = hvtrain("train", cfg, "--quiet", "--set", f"data.dataset={dataset}", "--set",
+                       f"data.batch_size={batch}", *extra, "--output-dir", str(tmp_path / name))
+        run(mpirun_command(2, *argv) if ranks == 2 else argv, timeout=300)
+    ref = load_weights(tmp_path / "wds2/final.safetensors")
+    for name in ("wds1", "pq2", "npz2"):
+        gap = max_abs_diff(ref, load_weights(tmp_path / name / "final.safetensors"))
+        assert gap <= 1e-6, f"{name} differs from webdataset on 2 ranks by {gap}"
+    s = summary(tmp_path / "wds2")
+    assert s["world_size"] == 2 and s["replicas_agree"] and s["val_accuracy"] > 0.5, s
