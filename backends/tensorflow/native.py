@@ -118,16 +118,22 @@ def _sigmoid_or_softmax(z: np.ndarray, p: np.ndarray) -> str | None:
 def returned(cfg: Config, model: keras.Model, x: np.ndarray, device: Any = None) -> Returned:
     """What the model returns for the probe batch `x`, and the activation that made its scores."""
     out = _run(cfg, model, x)
+    want = cfg.model.output_key
     if isinstance(out, Mapping):
         keys = tuple(str(k) for k in out)
-        t = out.get("logits")
-        if "logits" in out and not tf.is_tensor(t):
-            return Returned(f"mapping whose 'logits' is a {type(t).__name__}")
-        if t is None:
+        key = want if isinstance(want, str) else "logits"
+        t = out.get(key)
+        if key in out and not tf.is_tensor(t):
+            return Returned(f"mapping whose {key!r} is a {type(t).__name__}")
+        if t is None or not isinstance(want, (str, type(None))):
             return Returned("mapping", keys)
         return Returned("mapping", keys, scores=np.asarray(t, np.float64), **_activation(model, t))
     if isinstance(out, (tuple, list)):
-        return Returned("sequence", length=len(out))
+        index = want if type(want) is int else 0
+        t = out[index] if 0 <= index < len(out) else None
+        if not tf.is_tensor(t):
+            return Returned("sequence", length=len(out))
+        return Returned("sequence", length=len(out), scores=np.asarray(t, np.float64), **_activation(model, t))
     if not tf.is_tensor(out):
         return Returned(type(out).__name__)
     return Returned("tensor", scores=np.asarray(out, np.float64), **_activation(model, out))

@@ -137,16 +137,22 @@ def returned(cfg: Config, model: nn.Module, x: np.ndarray, device: torch.device)
     seen = Provenance()
     with seen:
         out = _run(cfg, model, xt)
+    want = cfg.model.output_key
     if isinstance(out, Mapping):
         keys = tuple(str(k) for k in out)
-        t = out.get("logits")
-        if "logits" in out and not isinstance(t, torch.Tensor):
-            return Returned(f"mapping whose 'logits' is a {type(t).__name__}")
-        if t is None:
+        key = want if isinstance(want, str) else "logits"
+        t = out.get(key)
+        if key in out and not isinstance(t, torch.Tensor):
+            return Returned(f"mapping whose {key!r} is a {type(t).__name__}")
+        if t is None or not isinstance(want, (str, type(None))):
             return Returned("mapping", keys)
         return Returned("mapping", keys, scores=t.detach().double().cpu().numpy(), **_made(seen, t))
     if isinstance(out, (tuple, list)):
-        return Returned("sequence", length=len(out))
+        index = want if type(want) is int else 0
+        t = out[index] if 0 <= index < len(out) else None
+        if not isinstance(t, torch.Tensor):
+            return Returned("sequence", length=len(out))
+        return Returned("sequence", length=len(out), scores=t.detach().double().cpu().numpy(), **_made(seen, t))
     if not isinstance(out, torch.Tensor):
         return Returned(type(out).__name__)
     return Returned("tensor", scores=out.detach().double().cpu().numpy(), **_made(seen, out))

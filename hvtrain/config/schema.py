@@ -122,6 +122,9 @@ class ModelConfig:
     output: str | None = None  # the name of the layer whose output is the model's (default: the last)
     entrypoint: str | None = None  # "package.module:function" returning a native model
     kwargs: dict = field(default_factory=dict)
+    # where a native model's scores are in its output: a mapping's entry (default 'logits'), or a
+    # tuple's index (default 0, the first value)
+    output_key: str | int | None = _ranged(None, lo=0, expected="an entry name or a tuple index >= 0")
     init_from: str | None = None  # start from these weights (a final.safetensors or checkpoint, either framework)
     init_skip: list[str] = field(default_factory=list)  # layer names keeping their seeded init (a new head)
     # Python API only (hvtrain.train(model=...)): a callable returning a native model.

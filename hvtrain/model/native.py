@@ -6,8 +6,9 @@ Inputs: float32 rows of the data's feature shape; int64 token ids when the model
 (an embedding reads the model input on the probe batch, or a Keras `Input` is declared with an
 integer dtype). Token ids are never normalised and must be below the embedding's row count.
 
-Outputs (docs/your-data-and-models.md: "The native-model output contract"): one tensor of scores, or a mapping (a
-dict, a Hugging Face `ModelOutput`) whose `logits` entry is that tensor, of shape `[batch,
+Outputs (docs/your-data-and-models.md: "The native-model output contract"): one tensor of scores, a mapping (a
+dict, a Hugging Face `ModelOutput`) whose `logits` entry is that tensor, or a tuple/list whose first
+value is (`model.output_key` names another entry, or another index), of shape `[batch,
 width]` with the width the loss and data need; `[batch]` where that width is 1
 (binary_cross_entropy, one regression target). What the scores are:
 
@@ -27,7 +28,8 @@ width]` with the width the loss and data need; `[batch]` where that width is 1
 A sigmoid cannot be told from logits by value (a logit model's outputs may all lie in [0, 1]),
 so only the op that made the output counts; where an op is known it decides, whatever the values
 (a trained per-class sigmoid's rows come to sum to ~1). Regression outputs are taken as they are.
-Anything else (a tuple, a mapping without `logits`, another rank or width, a softmax over the
+Anything else (a mapping without the entry, a tuple without the index or whose value there is
+not a tensor, another rank or width, a softmax over the
 batch or over one output) is refused at `model.entrypoint` in one line saying what was received.
 
 The form is decided once, when a fresh model is built for training (non-finite scores are
@@ -65,7 +67,7 @@ class Returned:
     kind: str  # "tensor", "mapping" (dict, ModelOutput), "sequence" (tuple, list) or the type's name
     keys: tuple[str, ...] = ()  # a mapping's keys
     length: int = 0  # a sequence's length
-    scores: np.ndarray | None = None  # the tensor (a mapping's `logits`) as float64
+    scores: np.ndarray | None = None  # the tensor (a mapping's entry, a sequence's value) as float64
     activation: str | None = None  # the op that made the scores: one of ACTIVATIONS, or None
     pre: bool = False  # the activation's input (its logits) can be read in every forward
 
@@ -74,14 +76,14 @@ class Returned:
 class OutputForm:
     """How a backend turns an entrypoint model's output into `[batch, width]` logits."""
 
-    key: str | None = None  # the mapping entry holding the scores
+    key: str | int | None = None  # the mapping entry (str) or the sequence index (int) holding the scores
     flat: bool = False  # a [batch] output: reshaped to [batch, 1]
     undo: str | None = None  # "softmax" or "sigmoid": the final activation whose probabilities are trained on
     pre: bool = False  # undo: its input (the logits) is read; False: log p / log(p / (1 - p)) of its output
 
     def note(self, entrypoint: str) -> str | None:
         """What hvtrain does with this form, said once at the start (None: logits as returned)."""
-        parts = ([f"its {self.key!r} entry"] if self.key else []) + \
+        parts = ([self._where()] if self.key is not None else []) + \
                 (["a 1-D output as one column"] if self.flat else [])
         if self.undo and self.pre:
             parts.append(f"the input of its final {self.undo} (its logits: the loss is the cross-entropy of the "
@@ -103,8 +105,9 @@ class OutputForm:
         Raises:
             ValueError: not a form this version writes.
         """
+        key = record.get("key") if isinstance(record, dict) else None
         if not isinstance(record, dict) or set(record) != {"key", "flat", "undo", "pre"} or \
-                record["key"] not in (None, "logits") or record["undo"] not in (None, "softmax", "sigmoid") or \
+                not (key is None or isinstance(key, str) or type(key) is int and key >= 0) or record["undo"] not in (None, "softmax", "sigmoid") or \
                 not isinstance(record["flat"], bool) or not isinstance(record["pre"], bool) or \
                 record["pre"] and record["undo"] is None:
             raise ValueError(f"output: expected key, flat, undo and pre, got {str(record)[:80]}")
@@ -114,7 +117,10 @@ class OutputForm:
         """The form in words (error messages)."""
         what = "logits" if self.undo is None else f"a final {self.undo}'s " + \
             ("input" if self.pre else "probabilities")
-        return what + (f" in its {self.key!r} entry" if self.key else "") + (" as [batch]" if self.flat else "")
+        return what + (f" in {self._where()}" if self.key is not None else "") + (" as [batch]" if self.flat else "")
+
+    def _where(self) -> str:
+        return f"its {self.key!r} entry" if isinstance(self.key, str) else f"value {self.key} of its tuple"
 
 
 PLAIN = OutputForm()  # a tensor of logits: the catalogue's models, and the default
@@ -154,19 +160,7 @@ def decide_form(cfg: Config, got: Returned, rows: int, num_outputs: int, recorde
         ConfigError: at model.entrypoint, naming what was received and what to do instead.
     """
     name = cfg.model.entrypoint
-    key = None
-    if got.kind == "mapping":
-        if "logits" not in got.keys:
-            raise cfg.fail("model.entrypoint", f"{name} returns a mapping with keys {list(got.keys)}; hvtrain reads "
-                                               "the scores from a 'logits' entry (a dict or ModelOutput), or from a "
-                                               "tensor returned alone")
-        key = "logits"
-    elif got.kind == "sequence":
-        raise cfg.fail("model.entrypoint", f"{name} returns a tuple/list of {got.length} values; return the "
-                                           "scores tensor alone, or a dict with a 'logits' entry")
-    elif got.kind != "tensor":
-        raise cfg.fail("model.entrypoint", f"{name} returns a {got.kind}; expected a tensor of scores, or a dict / "
-                                           "ModelOutput with a 'logits' entry")
+    key = select(cfg, got)
     s = np.asarray(got.scores, np.float64)
     want = f"[{rows}, {num_outputs}] ({needs(cfg, num_outputs)}"
     flat = s.ndim == 1 and len(s) == rows and num_outputs == 1
@@ -197,6 +191,42 @@ def decide_form(cfg: Config, got: Returned, rows: int, num_outputs: int, recorde
                                            f"logits (the {undo}'s input), end in torch/Keras's own {undo}, or "
                                            "train in fp32")
     return OutputForm(key, flat, undo, pre)
+
+
+def select(cfg: Config, got: Returned) -> str | int | None:
+    """Where the scores are in what the model returned (model.output_key, else a mapping's
+    'logits', a sequence's first value); refused in one line when they are not there."""
+    name, want = cfg.model.entrypoint, cfg.model.output_key
+    if got.kind == "mapping":
+        key = want if want is not None else "logits"
+        if not isinstance(key, str):
+            raise cfg.fail("model.output_key", f"{key} is a tuple index; {name} returns a mapping with keys "
+                                               f"{list(got.keys)}: name one of them")
+        if key not in got.keys:
+            hint = "set model.output_key to the entry holding the scores" if want is None else "name one of them"
+            raise cfg.fail("model.output_key" if want is not None else "model.entrypoint",
+                           f"{name} returns a mapping with keys {list(got.keys)}; hvtrain reads the scores from "
+                           f"its {key!r} entry: {hint}")
+        return key
+    if got.kind == "sequence":
+        if isinstance(want, str):
+            raise cfg.fail("model.output_key", f"{want!r} names a mapping entry; {name} returns a tuple/list of "
+                                               f"{got.length} values: give the index of the scores")
+        index = 0 if want is None else want
+        if not 0 <= index < got.length:
+            raise cfg.fail("model.output_key" if want is not None else "model.entrypoint",
+                           f"{name} returns a tuple/list of {got.length} values; there is no value {index} to read "
+                           "the scores from")
+        if got.scores is None:
+            raise cfg.fail("model.entrypoint", f"{name} returns a tuple/list whose value {index} is not a tensor; "
+                                               "hvtrain reads the scores from it (model.output_key: another index)")
+        return index
+    if got.kind != "tensor":
+        raise cfg.fail("model.entrypoint", f"{name} returns a {got.kind}; expected a tensor of scores, a dict / "
+                                           "ModelOutput with a 'logits' entry, or a tuple of them")
+    if want is not None:
+        raise cfg.fail("model.output_key", f"{want!r}: {name} returns a tensor, which has no entries")
+    return None
 
 
 def _reuse(cfg: Config, recorded: OutputForm, now: OutputForm, got: Returned) -> OutputForm:

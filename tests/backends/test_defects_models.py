@@ -233,9 +233,9 @@ def test_contract_dict_logits_and_lazy_modules_train(model):
 
 
 @pytest.mark.parametrize("model, data, loss, kwargs, message", [
-    ("torch_tuple", DIGITS, "cross_entropy", {}, r"returns a tuple/list of 2 values; return the scores tensor alone"),
     ("torch_dict_logits", DIGITS, "cross_entropy", {"key": "scores"},
-     r"returns a mapping with keys \['scores'\]; hvtrain reads the scores from a 'logits' entry"),
+     r"returns a mapping with keys \['scores'\]; hvtrain reads the scores from its 'logits' entry: set "
+     r"model.output_key"),
     ("torch_softmax", DIGITS, "cross_entropy", {"dim": 0}, r"ends in a softmax whose rows do not sum to 1"),
     ("keras_softmax_one_unit", CANCER, "binary_cross_entropy", {}, r"ends in a softmax over its one output"),
     ("torch_log_softmax", DIGITS, "cross_entropy", {"dim": 0}, r"ends in a log_softmax whose rows are not "
@@ -255,7 +255,8 @@ def test_contract_dict_logits_and_lazy_modules_train(model):
 ])
 def test_contract_refuses_what_it_cannot_read_in_one_located_line(model, data, loss, kwargs, message):
     """What the contract does not take is refused at model.entrypoint, before any optimizer step,
-    naming what was received: a tuple (crashed mid-step), a mapping without 'logits', a softmax
+    naming what was received: a mapping without 'logits' (a tuple's first value is taken since
+    issue 23, tests/backends/test_native_outputs.py), a softmax
     over the batch (dim=0: trained silently on nonsense), a softmax over one output (constant 1:
     nothing learned, silently), a 1-D output for a loss that needs a class dimension."""
     if model == "torch_mlp_wide":

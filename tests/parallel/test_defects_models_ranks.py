@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import yaml
 
 from tests.conftest import hvtrain, run
@@ -58,3 +59,40 @@ def test_defect_03_torch_one_dimensional_output_trains_on_two_ranks(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["world_size"] == 2 and s["replicas_agree"], s
     assert s["val_r2"] > 0.95, s
+
+
+@pytest.mark.parametrize("model, backend", [("torch_resnet_output", "torch"), ("keras_subclassed_tuple", "tensorflow")])
+def test_native_models_train_on_two_ranks_resume_exactly_and_export_what_predict_gives(tmp_path, model, backend):
+    """Issue 23: a torchvision-style residual network with batchnorm returning an HF-style output
+    object, and a subclassed Keras model returning (logits, features), each on 2 ranks: a run
+    stopped inside epoch 2 and resumed equals the uninterrupted one bit for bit; predict and the
+    ONNX export give the same probabilities."""
+    from tests.conftest import load_weights, max_abs_diff
+
+    cfg = write(tmp_path, {"name": model, "backend": backend, "seed": 5,
+                           "data": {"dataset": "sklearn:digits", "batch_size": 32},
+                           "model": {"entrypoint": f"{FIXTURE}:{model}"},
+                           "optimizer": {"name": "adam", "lr": 0.003},
+                           "train": {"epochs": 3, "threads": 1, "checkpoint_every": 1}})
+    full, part = tmp_path / "full", tmp_path / "part"
+    run(mpirun(2, "train", cfg, "--quiet", "--output-dir", str(full)), timeout=300)
+    run(mpirun(2, "train", cfg, "--quiet", "--set", "train.max_steps=30", "--output-dir", str(part)), timeout=300)
+    run(mpirun(2, "train", cfg, "--quiet", "--resume", "auto", "--output-dir", str(part)), timeout=300)
+    assert max_abs_diff(load_weights(full / "final.safetensors"), load_weights(part / "final.safetensors")) == 0
+    s = json.loads((full / "summary.json").read_text())
+    assert s["world_size"] == 2 and s["replicas_agree"] and s["val_accuracy"] > 0.85, s
+    from sklearn.datasets import load_digits
+
+    np.save(tmp_path / "x.npy", load_digits().data[:100].astype(np.float32))
+    weights = str(full / "final.safetensors")
+    run(hvtrain("predict", cfg, "--weights", weights, "--input", str(tmp_path / "x.npy"),
+                "--output", str(tmp_path / "p.npy")), timeout=120)
+    run(hvtrain("export", cfg, "--weights", weights, "--format", "onnx", "--output", str(tmp_path / "m.onnx")),
+        timeout=300)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    onnx = session.run(None, {session.get_inputs()[0].name: np.load(tmp_path / "x.npy")})[0]
+    p = np.load(tmp_path / "p.npy")
+    np.testing.assert_allclose(onnx, p, atol=1e-5)
+    assert np.mean(p.argmax(axis=1) == load_digits().target[:100]) > 0.85

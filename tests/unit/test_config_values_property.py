@@ -45,6 +45,7 @@ class Spec:
     off: float | None = None  # one value outside the range with a meaning (0: switched off)
     optional: bool = False  # null allowed
     items: bool = False  # a list of such numbers
+    text: bool = False  # a string is a value too (model.output_key: an entry name, or an index)
 
     def allows(self, v: Any) -> bool:
         """Whether `v` (one number, of the right type) is in range."""
@@ -73,7 +74,7 @@ RANGES: dict[str, Spec] = {
     "data.image.size": I(1, 65535, optional=True, items=True), "data.workers": I(0, 256),
     "data.augment.resized_crop": F(0, 1, lo_open=True, optional=True, items=True),
     "data.augment.crop_padding": I(0, 4096), "data.augment.brightness": F(0, 1), "data.augment.contrast": F(0, 1),
-    "model.input_shape": I(1, optional=True, items=True),
+    "model.input_shape": I(1, optional=True, items=True), "model.output_key": I(0, optional=True, text=True),
     "optimizer.lr": F(0, lo_open=True), "optimizer.momentum": F(0, 1, hi_open=True), "optimizer.weight_decay": F(0),
     "optimizer.betas": F(0, 1, hi_open=True, items=True), "optimizer.eps": F(0, lo_open=True),
     "optimizer.rho": F(0, 1, hi_open=True), "optimizer.warmup_epochs": F(0),
@@ -186,6 +187,8 @@ def acceptable(spec: Spec, value: Any) -> bool:
 
     if value is None:
         return spec.optional
+    if spec.text and isinstance(value, str):
+        return True
     if spec.items:
         if not isinstance(value, list) or not value or not all(one(v) for v in value):
             return False
