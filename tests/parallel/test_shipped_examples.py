@@ -55,3 +55,16 @@ def test_review_classifier_beats_the_majority_class(tmp_path, backend):
     assert predicted.shape == (len(val),) and np.load(tmp_path / "p.npy").shape == (len(val), 2)
     accuracy = float(np.mean(predicted == labels[val]))  # the corpus's own labels: 'fresh' / 'rotten'
     assert accuracy == pytest.approx(s["val_accuracy"], abs=1.01 / len(val)), (accuracy, s["val_accuracy"])
+
+
+@pytest.mark.parametrize(("example", "backend", "floor"), [("digits_images", "torch", 0.9),
+                                                           ("cancer_parquet", "tensorflow", 0.93)])
+def test_the_file_dataset_examples_train_on_two_ranks(tmp_path, example, backend, floor):
+    """Issue 23: a JPEG folder with augmentation and decoding workers, and a Parquet table, as
+    the README runs them (their data written by examples/make_data.py, as make setup does)."""
+    import sys
+
+    run([sys.executable, str(ROOT / "examples/make_data.py")], timeout=120)
+    epochs = "train.epochs=4" if example == "digits_images" else "train.epochs=10"
+    s = launch(tmp_path, example, backend, epochs)
+    assert s["val_accuracy"] > floor, s
