@@ -107,7 +107,8 @@ class OutputForm:
         """
         key = record.get("key") if isinstance(record, dict) else None
         if not isinstance(record, dict) or set(record) != {"key", "flat", "undo", "pre"} or \
-                not (key is None or isinstance(key, str) or type(key) is int and key >= 0) or record["undo"] not in (None, "softmax", "sigmoid") or \
+                not (key is None or isinstance(key, str) or type(key) is int and key >= 0) or \
+                record["undo"] not in (None, "softmax", "sigmoid") or \
                 not isinstance(record["flat"], bool) or not isinstance(record["pre"], bool) or \
                 record["pre"] and record["undo"] is None:
             raise ValueError(f"output: expected key, flat, undo and pre, got {str(record)[:80]}")

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from run import SECTIONS  # noqa: E402
 
 # columns holding measurements (not ratios or spreads), by a word in their header
-MEASURED = ("samples/s", "GB/s", "seconds", "RSS", " ms")
+MEASURED = ("samples/s", "images/s", "GB/s", "seconds", "RSS", " ms")
 
 
 def numbers(cell: object) -> list[float]:
