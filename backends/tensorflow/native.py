@@ -156,6 +156,10 @@ def scores(form: OutputForm, out: Any, seen: None = None) -> tf.Tensor:
     """
     if form.key is not None:
         out = out[form.key]
+    elif isinstance(out, (tuple, list)) and out:  # a tensor in inference (the probe), a tuple in training:
+        out = out[0]  # torchvision's Inception/GoogLeNet (logits, aux): the contract's first value
+    elif isinstance(out, Mapping) and "logits" in out:
+        out = out["logits"]
     if form.pre:
         logits = getattr(out, "_keras_logits", None)
         if logits is None:

@@ -178,9 +178,18 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     if val_source.feature_shape != source.feature_shape:
         raise DataError(f"{name}: validation features {list(val_source.feature_shape)} differ from the training "
                         f"features {list(source.feature_shape)}")
-    if cfg.data.normalize == "channel" and len(source.feature_shape) != 3:
-        raise cfg.fail("data.normalize", f"channel normalises image rows (height, width, channels) per channel; "
-                                         f"{name} has rows of shape {list(source.feature_shape)}")
+    channels_last = len(source.feature_shape) == 3 and 1 <= source.feature_shape[-1] <= 4
+    if cfg.data.normalize == "channel" and not channels_last:
+        raise cfg.fail("data.normalize", f"channel normalises image rows (height, width, channels: 1-4) per "
+                                         f"channel; {name} has rows of shape {list(source.feature_shape)}")
+    augment = Augment.from_config(cfg)
+    if augment is not None:
+        dtype = source.features(np.zeros(1, np.int64)).dtype
+        if not channels_last or integer_input or dtype != np.uint8:
+            what = f"rows of shape {list(source.feature_shape)}" if not channels_last or integer_input else \
+                f"{dtype} values"
+            raise cfg.fail("data.augment", f"augments 8-bit images (uint8 rows of height, width, channels: decoded "
+                                           f"image files or uint8 arrays, values 0..255); {name} has {what}")
     if cfg.data.normalize != "none" and integer_input:
         raise cfg.fail("data.normalize", "must be none when the first layer is an embedding (token ids)")
     split_key = [cfg.seed, cfg.data.validation_split] if val_source is source else ["validation files"]
@@ -191,10 +200,6 @@ def load_dataset(cfg: Config, input_shape: tuple[int, ...] | None = None, intege
     transform = Transform(np.int64 if integer_input else np.float32, shift, scale, shape)
     split = {"seed": cfg.seed, "validation_split": cfg.data.validation_split, "samples": n} \
         if val_source is source else None
-    augment = Augment.from_config(cfg)
-    if augment is not None and (len(features) != 3 or integer_input):
-        raise cfg.fail("data.augment", f"augments images (rows of height, width, channels); {name} has rows of "
-                                       f"shape {list(features)}")
     return Dataset(Split(source, train_rows, y[train_rows], transform, augment),
                    Split(val_source, val_rows, y_val[val_rows], transform),
                    num_outputs, shape or features, name, classes, text=text, split=split)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import os
 import pickle
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -24,7 +26,20 @@ _SPLIT: Split | None = None  # in a worker process: the split it reads
 
 
 def _start_worker(blob: bytes) -> None:
+    """A worker's start: the job's signals are its rank's to act on (a scheduler signals every
+    process of the step: the rank checkpoints, then closes the pool), and it dies with its rank
+    (an MPI abort or a kill skips the rank's close)."""
     global _SPLIT
+    for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    parent = os.getppid()
+
+    def orphaned() -> None:  # not PR_SET_PDEATHSIG: that fires when the spawning *thread* ends
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=orphaned, name="hvtrain-orphan-watch", daemon=True).start()
     _SPLIT = pickle.loads(blob)  # noqa: S301 - the rank's own Split, pickled by Workers below
 
 

@@ -18,6 +18,7 @@ row groups of a few thousand rows or fewer read fastest.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -144,7 +145,7 @@ class ParquetSource(Source):
                 continue
             k, g = self._groups[j]
             for s, r in zip(sel, local, strict=True):
-                out[s] = decode(group[r], *self.image, where=f"{self.files[k]}: row {int(self.starts[j] + r)} "
+                out[s] = decode(group[r], *self.image, where=f"{self.files[k]}: row group {g}, row {int(r)} "
                                 f"(column {self.columns[0]!r})")
         return out
 
@@ -199,7 +200,16 @@ def _numbers(table: Any, columns: list[str], where: str) -> np.ndarray:
     """The feature columns of one row group as an (n, features) array (a null: NaN, named by the
     start-up check of every row)."""
     if len(columns) == 1 and _is_list(table.schema.field(0).type):
-        return _fixed_list(table.column(0).combine_chunks(), f"{where}: column {columns[0]!r}")
+        array = table.column(0).combine_chunks()
+        if array.flatten().null_count:
+            row = next(i for i, v in enumerate(array.to_pylist()) if v is not None and None in v)
+            raise DataError(f"{where}: row {row} of column {columns[0]!r} holds an empty (null) value")
+        return _fixed_list(array, f"{where}: column {columns[0]!r}")
+    for c in columns:  # an int/bool column's null would become a number (or False): refused, never guessed
+        column = table.column(c)
+        if column.null_count:
+            row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"{where}: row {row} of column {c!r} is empty (null)")
     arrays = [table.column(c).to_numpy(zero_copy_only=False) for c in columns]
     return np.column_stack(arrays) if arrays else np.zeros((table.num_rows, 0))
 
@@ -264,9 +274,14 @@ def open_parquet(cfg: Any, pattern: str) -> ParquetSource:
     else:
         if "data.features" in cfg.lines:
             raise cfg.fail("data.features", f"for {d.dataset}: a list of column names, got {d.features!r}")
-        numeric = [n for n in schema.names if n != label and _numeric(schema.field(n).type)]
+        index = _pandas_index(schema)
+        numeric = [n for n in schema.names if n != label and n not in index and _numeric(schema.field(n).type)]
         columns = [n for n in numeric if not _is_list(schema.field(n).type)]
         lists = [n for n in numeric if _is_list(schema.field(n).type)]
+        if columns and lists:
+            raise cfg.fail("data.features", f"{paths[0]} has numeric columns ({', '.join(columns[:4])}"
+                                            f"{', ...' if len(columns) > 4 else ''}) and list columns "
+                                            f"({', '.join(lists)}): name the feature columns")
         if not columns and len(lists) == 1:
             columns = lists  # one list column of numbers: the features (an embedding, pixels)
         elif not columns and lists:
@@ -276,6 +291,17 @@ def open_parquet(cfg: Any, pattern: str) -> ParquetSource:
             raise cfg.fail("data.features", f"{paths[0]} has no numeric column besides {label!r}: name the feature "
                                             "columns (or data.image.column)")
     return ParquetSource(paths, columns, label, d.dataset, image)
+
+
+def _pandas_index(schema: Any) -> set[str]:
+    """The columns pandas wrote for a DataFrame's index (`__index_level_0__` after a sample or a
+    filter): never features by default."""
+    meta = (schema.metadata or {}).get(b"pandas")
+    try:
+        named = {c for c in json.loads(meta).get("index_columns", []) if isinstance(c, str)} if meta else set()
+    except ValueError:
+        named = set()
+    return named | {n for n in schema.names if n.startswith("__index_level_")}
 
 
 def _numeric(tp: Any) -> bool:

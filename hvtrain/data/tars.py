@@ -19,8 +19,8 @@ import io
 import json
 import os
 import re
-import socket
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,10 @@ def _index(path: Path) -> dict[str, Any]:
     """The shard's samples: key, data member (ext, offset, size) and class label, in tar order."""
     st = path.stat()
     cache = path.with_name(f".hvtrain-index-{path.name}.json")
-    stamp = [INDEX_VERSION, st.st_size, st.st_mtime_ns]
+    stamp = [INDEX_VERSION, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]  # cp -p/rsync -t: new inode, ctime
     try:
         saved = json.loads(cache.read_text())
-        if saved.get("stamp") == stamp:
+        if _well_formed(saved) and saved["stamp"] == stamp:
             return saved
     except (OSError, ValueError):
         pass
@@ -54,6 +54,7 @@ def _index(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: a compressed tar cannot be read by sample index; decompress the shards "
                         "(gunzip; WebDataset's own shards are plain .tar)")
     samples: dict[str, dict[str, Any]] = {}
+    last = None
     try:
         with tarfile.open(path, "r:") as tar:
             for member in tar:
@@ -63,7 +64,15 @@ def _index(path: Path) -> dict[str, Any]:
                 if found is None or Path(member.name).name.startswith("."):
                     continue  # no extension (or a hidden file): not part of a sample
                 key, ext = found.group(1), found.group(2).lower()
+                if key in samples and key != last:
+                    raise DataError(f"{path}: sample {key!r} appears again after other samples ({member.name}); "
+                                    "webdataset groups consecutive members, so this would be another sample with "
+                                    "the same key: write each sample's members together, once")
+                last = key
                 sample = samples.setdefault(key, {"key": key})
+                if ext in LABELS and "cls" in sample:
+                    raise DataError(f"{path}: sample {key!r} has two labels ({member.name} and another cls "
+                                    "member)")
                 if ext in LABELS:
                     text = tar.extractfile(member).read().decode("utf-8", "replace").strip()
                     try:
@@ -87,13 +96,28 @@ def _index(path: Path) -> dict[str, Any]:
     index = {"stamp": stamp, "keys": [s["key"] for s in rows], "ext": [s["ext"] for s in rows],
              "offset": [s["offset"] for s in rows], "size": [s["size"] for s in rows],
              "cls": [s["cls"] for s in rows]}
-    tmp = cache.with_name(f"{cache.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(index))
+    tmp = None
+    try:  # a fresh private name (mkstemp: O_EXCL, never a planted link), then one rename
+        fd, tmp = tempfile.mkstemp(prefix=f".{cache.name}.", suffix=".tmp", dir=cache.parent)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(index))
         os.replace(tmp, cache)
     except OSError:  # a read-only folder: scanned again next run
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     return index
+
+
+def _well_formed(saved: Any) -> bool:
+    """A cached index this version wrote: every list as long as the keys, of the right types."""
+    if not isinstance(saved, dict) or set(saved) != {"stamp", "keys", "ext", "offset", "size", "cls"}:
+        return False
+    n = len(saved["keys"]) if isinstance(saved["keys"], list) else -1
+    lists = [saved[k] for k in ("keys", "ext", "offset", "size", "cls")]
+    return n > 0 and all(isinstance(v, list) and len(v) == n for v in lists) and \
+        all(isinstance(e, str) and e in IMAGES + ARRAYS for e in saved["ext"]) and \
+        all(type(v) is int and v >= 0 for k in ("offset", "size") for v in saved[k]) and \
+        all(type(v) is int for v in saved["cls"])
 
 
 class TarSource(Source):

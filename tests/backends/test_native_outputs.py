@@ -42,6 +42,8 @@ def own_scores(backend, x: np.ndarray, pick) -> np.ndarray:
     ("keras_subclassed_tuple", None, {}, lambda o: o[0], 0),
     ("torch_resnet_output", None, {}, lambda o: o.logits, "logits"),
     ("torch_dict_logits", "scores", {"key": "scores"}, lambda o: o["scores"], "scores"),
+    # a tensor in eval mode (the probe), (logits, aux) in training: crashed in the first step before
+    ("torch_aux_in_training", None, {}, lambda o: o, None),
 ])
 def test_the_scores_are_read_where_the_contract_says_and_predict_and_export_agree(model, key, kwargs, pick, where,
                                                                                   tmp_path):

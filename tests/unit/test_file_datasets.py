@@ -241,3 +241,117 @@ def test_augment_and_channel_need_image_rows(tmp_path):
             cfg.data.normalize = "channel"
         with pytest.raises(ConfigError, match=key):
             load_dataset(cfg)
+
+
+# ---------------------------------------------------------------- review findings (issue 23)
+
+
+def test_a_null_in_an_integer_feature_is_refused_not_a_huge_number(tmp_path):
+    """Before: the first row group fixed int64; a later group's null became -2**63 (no NaN, no error)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "n").mkdir()
+    table = pa.table({"count": pa.array([1, 2, 3, 4, None, 6], pa.int64()), "label": [0, 1, 0, 1, 0, 1]})
+    pq.write_table(table, tmp_path / "n/a.parquet", row_group_size=3)
+    with pytest.raises(DataError, match=r"row group 1\): row 1 of column 'count' is empty \(null\)"):
+        load_dataset(cfg_for(tmp_path, f"parquet:{tmp_path}/n/*.parquet", "validation_split: 0", "[1]"))
+
+
+def test_pandas_index_columns_are_not_features_and_lists_beside_numbers_are_not_guessed(tmp_path):
+    import pandas as pd
+
+    (tmp_path / "p").mkdir()
+    frame = pd.DataFrame({"a": np.arange(8.0), "b": np.arange(8.0) * 2, "label": np.arange(8) % 2}).sample(8, random_state=0)
+    frame.to_parquet(tmp_path / "p/x.parquet")  # writes __index_level_0__ (the sampled index)
+    d = load_dataset(cfg_for(tmp_path, f"parquet:{tmp_path}/p/*.parquet", "validation_split: 0", "[2]"))
+    assert d.feature_shape == (2,)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "q").mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "emb": pa.array([[0.1, 0.2], [0.3, 0.4]]), "label": [0, 1]}),
+                   tmp_path / "q/x.parquet")
+    with pytest.raises(ConfigError, match=r"data\.features: .* has numeric columns \(id\) and list columns \(emb\)"):
+        load_dataset(cfg_for(tmp_path, f"parquet:{tmp_path}/q/*.parquet", "validation_split: 0", "[2]"))
+
+
+def test_augmentation_refuses_rows_that_are_not_8_bit_images(tmp_path):
+    """Before: float images in [0, 1] were zeroed by resized_crop and standardised values clipped at 0."""
+    (tmp_path / "s").mkdir()
+    members = []
+    for i in range(6):
+        members += [(f"k{i}.npy", _npy(np.full((4, 4, 3), 0.5))), (f"k{i}.cls", str(i % 2).encode())]
+    _tar(tmp_path / "s/a.tar", members)
+    with pytest.raises(ConfigError, match=r"data\.augment: augments 8-bit images .* has float32 values"):
+        load_dataset(cfg_for(tmp_path, f"webdataset:{tmp_path}/s/*.tar", "augment: {flip: horizontal}, "
+                             "validation_split: 0", "[4, 4, 3]"))
+    (tmp_path / "c").mkdir()
+    _tar(tmp_path / "c/a.tar", [(f"k{i}.{e}", _npy(np.ones((3, 4, 8))) if e == "npy" else str(i % 2).encode())
+                                for i in range(3) for e in ("npy", "cls")])
+    cfg = cfg_for(tmp_path, f"webdataset:{tmp_path}/c/*.tar", "validation_split: 0", "[3, 4, 8]")
+    cfg.data.normalize = "channel"
+    with pytest.raises(ConfigError, match=r"data\.normalize: channel .* shape \[3, 4, 8\]"):
+        load_dataset(cfg)
+
+
+def test_a_key_seen_again_later_or_two_labels_are_refused_as_webdataset_would_split_them(tmp_path):
+    (tmp_path / "s").mkdir()
+    _tar(tmp_path / "s/a.tar", [("a.npy", _npy([1, 2])), ("a.cls", b"0"), ("b.npy", _npy([1, 2])), ("b.cls", b"1"),
+                                ("a.cls", b"1")])
+    with pytest.raises(DataError, match="sample 'a' appears again after other samples"):
+        load_dataset(cfg_for(tmp_path, f"webdataset:{tmp_path}/s/*.tar", "validation_split: 0", "[2]"))
+    _tar(tmp_path / "s/a.tar", [("a.npy", _npy([1, 2])), ("a.cls", b"0"), ("a.cls.txt", b"1")])
+    with pytest.raises(DataError, match="sample 'a' has two labels"):
+        load_dataset(cfg_for(tmp_path, f"webdataset:{tmp_path}/s/*.tar", "validation_split: 0", "[2]"))
+
+
+def test_the_index_cache_is_not_trusted_when_malformed_or_the_shard_was_replaced(tmp_path):
+    import json
+    import os
+
+    (tmp_path / "s").mkdir()
+    shard = tmp_path / "s/a.tar"
+
+    def write(labels):
+        _tar(shard, [(f"k{i}.{e}", _npy([i, i]) if e == "npy" else str(c).encode())
+                     for i, c in enumerate(labels) for e in ("npy", "cls")])
+
+    def labels():
+        d = load_dataset(cfg_for(tmp_path, f"webdataset:{tmp_path}/s/*.tar", "validation_split: 0, shuffle: false",
+                                 "[2]"))
+        return sorted(zip(d.train.rows.tolist(), d.train.y.tolist(), strict=True))
+
+    write([0, 1, 0, 1])
+    assert [c for _, c in labels()] == [0, 1, 0, 1]
+    cache = tmp_path / "s/.hvtrain-index-a.tar.json"
+    saved = json.loads(cache.read_text())
+    saved["cls"] = saved["cls"][:2]  # a short (or crafted) cache with a matching stamp
+    cache.write_text(json.dumps(saved))
+    assert [c for _, c in labels()] == [0, 1, 0, 1]
+    st = shard.stat()
+    write([1, 0, 1, 0])  # relabelled in place, the same size; its mtime put back (touch -r, rsync -t)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert [c for _, c in labels()] == [1, 0, 1, 0]
+    assert not list((tmp_path / "s").glob("*.tmp"))
+
+
+def test_data_workers_ignore_the_jobs_signals_their_rank_acts_on(tmp_path):
+    """Slurm signals every process of a step: a worker killed by that SIGTERM turned a pre-emption
+    (checkpoint, exit 75) into 'a data worker process died'."""
+    import os
+    import signal
+    import time
+
+    from hvtrain.data.loader import Workers
+
+    x, d = augmented(tmp_path, flip="horizontal")
+    workers = Workers(d.train, 1)
+    try:
+        first = workers.result(workers.submit(np.arange(8), 0))
+        for pid in list(workers._pool._processes):
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(0.5)
+        np.testing.assert_array_equal(workers.result(workers.submit(np.arange(8), 0)), first)
+    finally:
+        workers.close()
