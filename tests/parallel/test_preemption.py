@@ -79,7 +79,10 @@ def test_signal_to_mpirun_checkpoints_at_one_step_and_resumes_bitwise(tmp_path, 
 
 def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     part = tmp_path / "part"
-    proc = start(mpirun_command(2, *hvtrain("train", CFG, *COMMON, "--output-dir", str(part))), part)
+    # 8 epochs of digits end ~1.5 s after the first epoch line: under load the signal came after
+    # the run had finished (exit 0, seen in CI); 60 leave it time and stop at the signal anyway
+    proc = start(mpirun_command(2, *hvtrain("train", CFG, *COMMON, "--set", "train.epochs=60",
+                                            "--output-dir", str(part))), part)
     ranks = ranks_of(proc)
     assert sorted(ranks) == [0, 1], ranks
     ranks[1].send_signal(signal.SIGUSR1)  # rank 1 alone (rank 0 never sees a signal)
