@@ -193,7 +193,9 @@ def run(quick: bool) -> dict:
         "met": None if quick else all(c["met"] for c in checks),
         "notes": [f"{count} JPEGs 64x64 RGB; decode, resize to {SIZE}x{SIZE}, pad {PAD} + random crop, flip, "
                   f"brightness/contrast 0.2, batches of {BATCH}, shuffled; one process per side (no model), the "
-                  "sides alternated; tf.data's parallelism is threads (AUTOTUNE), not a worker count. "
+                  "sides alternated; hvtrain decodes these JPEGs with simplejpeg (Pillow's pixels) and its "
+                  "workers return batches through shared memory; torch decodes with PIL as its docs do; "
+                  "tf.data's parallelism is threads (AUTOTUNE), not a worker count. "
                   f"Machine: {os.cpu_count()} cores."],
         "raw": {"images": count, "rates": rates},
     }

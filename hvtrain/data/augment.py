@@ -1,7 +1,7 @@
 """Training-time augmentation of image rows, in numpy and Pillow, once for both backends.
 
-Each sample's draws come from its own generator, keyed by (seed, epoch, the sample's index in its
-source): the augmented batch is the same whatever the rank count, the batch split or the
+Each sample's draws are a counter-based hash of (seed, epoch, the sample's index in its source,
+the draw): the augmented batch is the same whatever the rank count, the batch split or the
 framework, so `np=2 with batch b == np=1 with batch 2b` and torch == TF hold with augmentation on.
 Validation, evaluate, predict and export never augment: they see the decoded (resized) images.
 
@@ -66,55 +66,110 @@ class Augment:
         return ", ".join(parts)
 
     def __call__(self, rows: np.ndarray, samples: np.ndarray, epoch: int) -> np.ndarray:
-        """Augmented copies of `rows` ((N, H, W, C)), row k drawn for source sample samples[k]."""
-        out = np.empty(rows.shape, np.float32)
-        for k, (row, sample) in enumerate(zip(rows, np.asarray(samples, np.int64), strict=True)):
-            rng = np.random.default_rng([self.seed, epoch, int(sample), AUGMENT_KEY])
-            out[k] = self.one(row, rng)
+        """Augmented copies of `rows` ((N, H, W, C)), row k drawn for source sample samples[k].
+
+        The draws of a whole batch come from one counter-based hash (`uniforms`); each value is
+        computed from its own row alone (the contrast mean is a reduction along that row's
+        contiguous values), so the batch a sample travels in changes nothing."""
+        n, h, w, _ = rows.shape
+        u = uniforms(self.seed, epoch, samples, DRAWS)
+        x = rows
+        if self.resized_crop:
+            x = np.empty_like(rows)
+            for k, (top, left, ch, cw) in enumerate(_resized_crop_boxes(h, w, self.resized_crop, u)):
+                x[k] = _resize(rows[k, top: top + ch, left: left + cw], h, w)
+        if self.crop_padding or self.flip:
+            p = self.crop_padding
+            if p:
+                padded = np.zeros((n, h + 2 * p, w + 2 * p, x.shape[3]), x.dtype)
+                padded[:, p: p + h, p: p + w] = x
+                down, across = _integers(u[:, CROP], 2 * p + 1), _integers(u[:, CROP + 1], 2 * p + 1)
+            else:
+                padded, down, across = x, np.zeros(n, np.int64), np.zeros(n, np.int64)
+            mirrored = u[:, FLIP] < 0.5 if self.flip else np.zeros(n, bool)
+            out = np.empty(x.shape, np.float32)
+            for k in range(n):  # slices, not one fancy index: 3.5x faster (a batch of 64 48x48 images)
+                window = padded[k, down[k]: down[k] + h, across[k]: across[k] + w]
+                out[k] = window[:, ::-1] if mirrored[k] else window
+        else:
+            out = x.astype(np.float32)
+        if self.brightness:
+            b = self.brightness
+            out *= (1 - b + 2 * b * u[:, BRIGHTNESS]).astype(np.float32)[:, None, None, None]
+            np.clip(out, 0, 255, out=out)
+        if self.contrast:
+            c = self.contrast
+            mean = out.reshape(n, -1).mean(axis=1)[:, None, None, None]
+            out -= mean
+            out *= (1 - c + 2 * c * u[:, CONTRAST]).astype(np.float32)[:, None, None, None]
+            out += mean
+            np.clip(out, 0, 255, out=out)
         return out
 
-    def one(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        h, w, _ = image.shape
-        x = image
-        if self.resized_crop:
-            top, left, ch, cw = _resized_crop_box(h, w, self.resized_crop, rng)
-            x = _resize(x[top: top + ch, left: left + cw], h, w)
-        if self.crop_padding:
-            p = self.crop_padding
-            padded = np.zeros((h + 2 * p, w + 2 * p, x.shape[2]), x.dtype)
-            padded[p: p + h, p: p + w] = x
-            i, j = rng.integers(0, 2 * p + 1, size=2)
-            x = padded[i: i + h, j: j + w]
-        if self.flip and rng.random() < 0.5:
-            x = x[:, ::-1]
-        x = x.astype(np.float32)
-        if self.brightness:
-            x = np.clip(x * np.float32(rng.uniform(1 - self.brightness, 1 + self.brightness)), 0, 255)
-        if self.contrast:
-            mean = np.float32(x.mean())
-            x = np.clip((x - mean) * np.float32(rng.uniform(1 - self.contrast, 1 + self.contrast)) + mean, 0, 255)
-        return x
+
+# each sample's draws, by slot: the same slots whichever operations are on, so turning one on
+# changes no other's draws
+TRIES = 10  # the resized crop's tries: 4 draws each (area, log aspect ratio, top, left)
+CROP, FLIP, BRIGHTNESS, CONTRAST = 4 * TRIES, 4 * TRIES + 2, 4 * TRIES + 3, 4 * TRIES + 4
+DRAWS = 4 * TRIES + 5
+_GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_MASK = (1 << 64) - 1
 
 
-def _resized_crop_box(h: int, w: int, scale: tuple[float, float], rng: np.random.Generator
-                      ) -> tuple[int, int, int, int]:
-    """torchvision's RandomResizedCrop.get_params with ratio 3/4..4/3: (top, left, height, width)."""
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (a bijection of uint64 with full avalanche), elementwise."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def uniforms(seed: int, epoch: int, samples: np.ndarray, count: int) -> np.ndarray:
+    """(len(samples), count) float64 draws in [0, 1): a counter-based generator, draw j of sample s
+    a hash of (seed, epoch, s, j) alone, so the draws of one sample do not depend on the batch,
+    the rank or the world size, and a whole batch's come from a few integer array operations."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.array([(seed ^ (AUGMENT_KEY << 32)) & _MASK], np.uint64) + _GOLDEN)
+        key = _mix(key + np.uint64(epoch & _MASK) * _GOLDEN)
+        per = _mix(key + np.asarray(samples, np.int64).astype(np.uint64)[:, None] * _GOLDEN)
+        z = _mix(per + (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)[None, :])
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def _integers(u: np.ndarray, high: int) -> np.ndarray:
+    """Integers 0 <= i < high from uniforms in [0, 1)."""
+    return np.minimum((np.asarray(u) * high).astype(np.int64), high - 1)
+
+
+def _resized_crop_boxes(h: int, w: int, scale: tuple[float, float], u: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """torchvision's RandomResizedCrop.get_params with ratio 3/4..4/3, for every sample (row of
+    `u`): (top, left, height, width); the first of 10 tries that fits, else the centre crop of the
+    closest allowed ratio."""
     area = h * w
     lo, hi = math.log(3 / 4), math.log(4 / 3)
-    for _ in range(10):
-        target = area * rng.uniform(scale[0], scale[1])
-        ratio = math.exp(rng.uniform(lo, hi))
-        cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
-        if 0 < cw <= w and 0 < ch <= h:
-            return int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw
-    # the centre crop of the closest allowed ratio
+    tries = u[:, :4 * TRIES].reshape(len(u), TRIES, 4)
+    target = area * (scale[0] + (scale[1] - scale[0]) * tries[..., 0])
+    ratio = np.exp(lo + (hi - lo) * tries[..., 1])
+    cw, ch = np.rint(np.sqrt(target * ratio)).astype(np.int64), np.rint(np.sqrt(target / ratio)).astype(np.int64)
+    fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
     if w / h < 3 / 4:
-        cw, ch = w, int(round(w / (3 / 4)))
+        centre = (w, int(round(w / (3 / 4))))
     elif w / h > 4 / 3:
-        ch, cw = h, int(round(h * (4 / 3)))
+        centre = (int(round(h * (4 / 3))), h)
     else:
-        cw, ch = w, h
-    return (h - ch) // 2, (w - cw) // 2, ch, cw
+        centre = (w, h)
+    boxes = []
+    for k in range(len(u)):
+        hit = np.flatnonzero(fits[k])
+        if len(hit):
+            t = hit[0]
+            bh, bw = int(ch[k, t]), int(cw[k, t])
+            top = int(_integers(tries[k, t, 2], h - bh + 1))
+            left = int(_integers(tries[k, t, 3], w - bw + 1))
+            boxes.append((top, left, bh, bw))
+        else:
+            bw, bh = centre
+            boxes.append(((h - bh) // 2, (w - bw) // 2, bh, bw))
+    return boxes
 
 
 def _resize(x: np.ndarray, h: int, w: int) -> np.ndarray:

@@ -48,7 +48,7 @@ class Transform:
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         if self.shift is None:
-            x = raw.astype(self.dtype)
+            x = raw.astype(self.dtype, copy=False)
         else:
             flat = raw.reshape(len(raw), -1).astype(np.float64)
             x = ((flat - self.shift) / self.scale).astype(self.dtype).reshape(raw.shape)

@@ -56,15 +56,13 @@ class ImageFolderSource(Source):
     def identity(self) -> list[Any]:
         """The files (path under the folder, size, modification time), the decoded shape and the
         Pillow that decodes them (JPEG decoding differs between libjpeg versions)."""
-        import PIL
-
         if self._identity is not None:
             return self._identity
         rows = []
         for path in self.files:
             st = path.stat()
             rows.append([str(path.relative_to(self.root)), st.st_size, st.st_mtime_ns])
-        self._identity = [str(self.root.resolve()), list(self.feature_shape), f"Pillow {PIL.__version__}", rows]
+        self._identity = [str(self.root.resolve()), list(self.feature_shape), decoder(), rows]
         return self._identity
 
     def cache_dir(self) -> Path:
@@ -74,14 +72,31 @@ class ImageFolderSource(Source):
 def decode(path: Path | bytes, size: tuple[int, int], channels: int, where: str | None = None) -> np.ndarray:
     """One image (a file, or its encoded bytes: a tar member, a Parquet cell) as (H, W, C) uint8:
     converted to RGB (3) or L (1), resized to `size` (H, W) with bilinear filtering when it differs
-    (Pillow's resize: the same bytes on every rank). `where` names it in errors (default: the path)."""
+    (Pillow's resize: the same bytes on every rank). `where` names it in errors (default: the path).
+
+    A YCbCr or grayscale JPEG decoded to RGB goes through simplejpeg when it is installed (the
+    `data` extra): libjpeg-turbo's decoder called once, about 3x Pillow's chunked one, and the same
+    pixels (both are libjpeg-turbo's default islow IDCT with fancy upsampling; the tests check
+    it). Anything else, and any file simplejpeg refuses, is Pillow's, whose error is the one shown."""
     import io
 
     from PIL import Image, UnidentifiedImageError
 
     where = where or str(path)
+    data = path if isinstance(path, (bytes, bytearray, memoryview)) else None
+    if channels == 3 and _simplejpeg is not None:
+        if data is None:
+            try:
+                data = Path(path).read_bytes()
+            except OSError as exc:
+                raise DataError(f"{where}: not a readable image ({type(exc).__name__}: {exc})") from None
+        fast = _fast_jpeg(bytes(data) if not isinstance(data, bytes) else data)
+        if fast is not None:
+            if fast.shape[:2] != size:
+                fast = np.asarray(Image.fromarray(fast).resize((size[1], size[0]), Image.Resampling.BILINEAR))
+            return fast.reshape(*size, channels)
     try:
-        with Image.open(io.BytesIO(path) if isinstance(path, (bytes, bytearray, memoryview)) else path) as image:
+        with Image.open(io.BytesIO(data) if data is not None else path) as image:
             if image.mode in WIDE_MODES:
                 raise DataError(f"{where}: a {image.mode} image (more than 8 bits a value); hvtrain decodes 8-bit "
                                 "images: convert the files to 8 bits (PNG L/RGB or JPEG)")
@@ -92,6 +107,37 @@ def decode(path: Path | bytes, size: tuple[int, int], channels: int, where: str 
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as exc:
         raise DataError(f"{where}: not a readable image ({type(exc).__name__}: {exc})") from None
     return pixels.reshape(*size, channels)
+
+
+try:
+    import simplejpeg as _simplejpeg
+except ImportError:  # the data extra not installed: Pillow decodes every image
+    _simplejpeg = None
+
+
+def decoder() -> str:
+    """What decodes JPEGs here, for a dataset's identity (JPEG decoding differs between libjpeg
+    versions, so a cache of statistics is only reused under the same decoders)."""
+    import PIL
+
+    return f"Pillow {PIL.__version__}" + (f", simplejpeg {_simplejpeg.__version__}" if _simplejpeg else "")
+
+
+def _fast_jpeg(data: bytes) -> np.ndarray | None:
+    """A baseline or progressive YCbCr/grayscale JPEG as RGB uint8 by simplejpeg, or None for
+    Pillow to decode (not a JPEG, CMYK, over Pillow's decompression-bomb limit, or refused)."""
+    from PIL import Image
+
+    if data[:2] != b"\xff\xd8":
+        return None
+    try:
+        height, width, space, _ = _simplejpeg.decode_jpeg_header(data)
+        limit = Image.MAX_IMAGE_PIXELS
+        if space not in ("YCbCr", "Gray") or (limit is not None and height * width > limit):
+            return None
+        return _simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+    except ValueError:  # truncated or corrupt: Pillow's decode names what is wrong
+        return None
 
 
 def image_size(cfg: Any) -> tuple[tuple[int, int], int]:

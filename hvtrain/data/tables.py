@@ -167,10 +167,10 @@ class ParquetSource(Source):
         return np.concatenate(parts)
 
     def identity(self) -> list[Any]:
-        import PIL
+        from hvtrain.data.images import decoder
 
         return [[file_stat(p) for p in self.files], self.columns, self.label, self.image,
-                f"Pillow {PIL.__version__}" if self.image is not None else None]
+                decoder() if self.image is not None else None]
 
     def cache_dir(self) -> Path:
         return self.files[0].parent

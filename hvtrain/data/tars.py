@@ -189,9 +189,9 @@ class TarSource(Source):
         return np.concatenate([np.asarray(ix["cls"], np.int64) for ix in self.indexes])
 
     def identity(self) -> list[Any]:
-        import PIL
+        from hvtrain.data.images import decoder
 
-        return [[file_stat(p) for p in self.paths], self.image, None if self.arrays else f"Pillow {PIL.__version__}",
+        return [[file_stat(p) for p in self.paths], self.image, None if self.arrays else decoder(),
                 hashlib.sha256(json.dumps([ix["keys"] for ix in self.indexes]).encode()).hexdigest()[:16]]
 
     def cache_dir(self) -> Path:
