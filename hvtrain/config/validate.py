@@ -139,6 +139,9 @@ def validate(cfg: Config, need_data: bool = True) -> None:
         raise cfg.fail("data.features", "a list of columns is for parquet:GLOB datasets (synthetic:*: a number)")
     if isinstance(d.features, list) and not d.features:
         raise cfg.fail("data.features", "expected at least one column name")
+    if isinstance(d.features, list) and len(set(d.features)) != len(d.features):
+        twice = sorted({c for c in d.features if d.features.count(c) > 1})
+        raise cfg.fail("data.features", f"names {', '.join(map(str, twice))} more than once (a column is one feature)")
     for key, value in (("data.label", d.label), ("data.image.column", image.column)):
         if value is not None and not parquet:
             raise cfg.fail(key, f"names a column of a parquet:GLOB dataset; data.dataset is {d.dataset!r}")
@@ -149,6 +152,9 @@ def validate(cfg: Config, need_data: bool = True) -> None:
         raise cfg.fail("model.entrypoint", "give either model.layers or model.entrypoint, not both")
     if m.entrypoint is not None and m.factory is None and not _is_entrypoint(m.entrypoint):
         raise cfg.fail("model.entrypoint", f"expected 'package.module:function', got {m.entrypoint!r}")
+    if m.output_key is not None and m.layers:
+        raise cfg.fail("model.output_key", "says where a native model's scores are (model.entrypoint); a model.layers "
+                                           "model's output is its last layer, or model.output")
     if m.init_skip and m.init_from is None:
         raise cfg.fail("model.init_skip", "only used with model.init_from")
     if m.init_from is not None and m.entrypoint is not None:

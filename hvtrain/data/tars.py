@@ -136,6 +136,9 @@ class TarSource(Source):
         self.arrays = kinds == {"array"}
         if not self.arrays and image is None:
             raise DataError(f"{name}: the samples are images: data.image.size is required")
+        if self.arrays and image is not None:
+            raise DataError(f"{name}: the samples are .npy arrays, used as they are: data.image.size is for encoded "
+                            "images (jpg/png); remove it (model.input_shape reshapes the arrays)")
         first = self._decode(0, 0)
         self._shape, self._dtype = tuple(first.shape), first.dtype
 

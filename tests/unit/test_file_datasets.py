@@ -355,3 +355,18 @@ def test_data_workers_ignore_the_jobs_signals_their_rank_acts_on(tmp_path):
         np.testing.assert_array_equal(workers.result(workers.submit(np.arange(8), 0)), first)
     finally:
         workers.close()
+
+
+def test_keys_that_would_be_silently_ignored_are_refused(tmp_path):
+    """A duplicated feature column, a model.output_key on a catalogue model and data.image on .npy
+    shards did nothing: each is a located error now."""
+    with pytest.raises(ConfigError, match=r"c\.yaml:.*data\.features.*names a more than once"):
+        cfg_for(tmp_path, "parquet:x/*.parquet", "features: [a, b, a]")
+    p = tmp_path / "k.yaml"
+    p.write_text("name: k\ndata: {dataset: 'sklearn:digits'}\nmodel: {input_shape: [64], output_key: logits, "
+                 "layers: [{type: dense, units: 10}]}\n")
+    with pytest.raises(ConfigError, match=r"k\.yaml:.*model\.output_key.*native model"):
+        load_config(p)
+    digits_webdataset(tmp_path / "wds", 20, shards=1, kind="npy")
+    with pytest.raises(DataError, match=r"\.npy arrays.*data\.image\.size is for encoded images"):
+        load_dataset(cfg_for(tmp_path, f"webdataset:{tmp_path}/wds/*.tar", IMAGE))
