@@ -60,14 +60,20 @@ def plan(config: str, np: int, overrides: tuple[str, ...], gbit: float | None, s
                   if source(key) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise click.UsageError(f"{', '.join(given)}: only with --network GBIT")
+        from hvtrain.config.validate import per_replica_batch
         from hvtrain.pipeline.plan import describe, make_plan
 
         p = prepare(config, overrides=overrides)
-        click.echo(describe(make_plan(p.cfg, p.spec, np), p.spec, p.cfg.data.batch_size))
+        plan = make_plan(p.cfg, p.spec, np)
+        click.echo(describe(plan, p.spec, per_replica_batch(p.cfg, plan.replicas)))
         return
     from hvtrain.tools.scaling import Network, estimate_for_config
 
     p = prepare(config, overrides=overrides)
+    if p.cfg.data.global_batch_size is not None:  # the model is weak scaling: each rank's batch fixed
+        raise p.cfg.fail("data.global_batch_size", "hvtrain plan --network estimates a fixed per-replica batch "
+                         "at each rank count; for this estimate give data.batch_size instead (--set "
+                         "data.global_batch_size=null --set data.batch_size=B)")
     if p.cfg.pipelined:  # a bad world size fails before a measurement
         from hvtrain.pipeline.plan import make_plan
 

@@ -93,7 +93,11 @@ class DataConfig:
     # processes per rank that read, decode and augment batches (0: the prefetch thread does)
     workers: int = _ranged(0, lo=0, hi=256, expected="an integer 0..256 (0 = no worker processes)")
     validation_split: float = _ranged(0.2, lo=0, hi=1, hi_open=True, expected="0 <= value < 1")
-    batch_size: int = _ranged(32, lo=1)  # per rank
+    batch_size: int = _ranged(32, lo=1)  # per replica (a rank; with pipelines, a stage group)
+    # the step's batch over every replica and accumulation step (exclusive with batch_size): the
+    # per-replica batch is derived on each world size (validate.per_replica_batch), so a config
+    # means the same training on any rank count
+    global_batch_size: int | None = _ranged(None, lo=1)
     shuffle: bool = True
     # standard / minmax: per feature; channel: per channel of image rows (H, W, C), mean and std
     normalize: Literal["none", "standard", "minmax", "channel"] = "standard"

@@ -124,6 +124,13 @@ def validate(cfg: Config, need_data: bool = True) -> None:
     if o.nesterov and o.momentum == 0:  # torch refuses it once Horovod runs; Keras trains plain SGD
         raise cfg.fail("optimizer.nesterov", "Nesterov momentum needs optimizer.momentum > 0 (0 < momentum < 1), "
                                              "got momentum 0")
+    if d.global_batch_size is not None:
+        if "data.batch_size" in cfg.lines:
+            raise cfg.fail("data.global_batch_size", "give data.batch_size (per replica) or data.global_batch_size "
+                                                     "(the whole step), not both")
+        if cfg.optimizer.scale_lr:
+            raise cfg.fail("optimizer.scale_lr", "scales the lr with the rank count, for a batch that grows with it; "
+                                                 "data.global_batch_size keeps the batch: set optimizer.lr for it")
     image = cfg.data.image
     if image.size is not None and len(image.size) != 2:
         raise cfg.fail("data.image.size", f"expected [height, width], got {image.size}")
@@ -173,3 +180,22 @@ def validate(cfg: Config, need_data: bool = True) -> None:
 def _is_entrypoint(text: str) -> bool:
     module, sep, func = text.partition(":")
     return bool(sep) and all(p.isidentifier() for p in module.split(".")) and func.isidentifier()
+
+
+def per_replica_batch(cfg: Config, replicas: int) -> int:
+    """data.batch_size for `replicas` data-parallel replicas: data.global_batch_size split over them
+    and the accumulation steps (set on `cfg`), or the configured per-replica batch.
+
+    Raises:
+        ConfigError: the global batch does not divide evenly.
+    """
+    g, acc = cfg.data.global_batch_size, cfg.train.grad_accumulation
+    if g is None:
+        return cfg.data.batch_size
+    if g % (replicas * acc):
+        fits = [n for n in range(1, g // acc + 1) if g % (n * acc) == 0]
+        raise cfg.fail("data.global_batch_size", f"{g} does not split evenly over {replicas} replica(s)"
+                       + (f" x {acc} accumulation steps" if acc > 1 else "") + "; replica counts it fits: "
+                       + ", ".join(map(str, fits[:12])) + (" ..." if len(fits) > 12 else ""))
+    cfg.data.batch_size = g // (replicas * acc)
+    return cfg.data.batch_size

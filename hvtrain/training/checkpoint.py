@@ -47,6 +47,8 @@ class CheckpointManager:
         self.cfg, self.runtime, self.reporter, self.layout, self.inputs = cfg, runtime, reporter, layout, inputs
         self.run_id = new_run_id()  # until start() agrees on one (elastic: the state sync does)
         self.experiment = cfg.to_dict()  # what a checkpoint records of the run and a resume must match
+        if cfg.data.global_batch_size is not None:  # the per-replica batch is this world's, not the experiment's
+            self.experiment["data"].pop("batch_size", None)
         if runtime.info.is_main:
             for orphan in remove_orphans(reporter.out_dir):
                 reporter.notice(f"removed an unfinished checkpoint file: {orphan}")
@@ -86,10 +88,18 @@ class CheckpointManager:
             if info.is_main else None
         state = decode(rt.scatter_bytes(blobs))
         b, before, now = self.cfg.data.batch_size, meta["replicas"], replicas
-        changed = "" if same_world else (
-            f"; world size changed {meta['world_size']} -> {info.size}" + (
+        g = self.cfg.data.global_batch_size
+        if same_world:
+            changed = ""
+        elif g is not None:  # the same steps, samples and schedule: only who computes which part moved
+            acc = self.cfg.train.grad_accumulation
+            changed = (f"; world size changed {meta['world_size']} -> {info.size}: global batch {g} kept "
+                       f"({g // (before * acc)} -> {b} per replica), the same data order and lr schedule"
+                       + "; per-rank random streams reseeded (a dropout layer's draws differ)")
+        else:
+            changed = (f"; world size changed {meta['world_size']} -> {info.size}" + (
                 f": global batch {b * before} -> {b * now}" if before != now else "")
-            + ", per-rank random streams reseeded" + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
+                + ", per-rank random streams reseeded" + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
         self.reporter.notice(f"resumed from {header['path']} ({where(meta)}){changed}")
         return Resumed(header["path"], meta, state, same_world)
 

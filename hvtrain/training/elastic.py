@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
+from hvtrain.config.validate import per_replica_batch
 from hvtrain.errors import HvtrainError
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ class Elastic:
 
         def attempt(state: Any) -> tuple[EpochResult | None]:
             info = runtime.refresh()  # rank and size after a reset
+            per_replica_batch(run.cfg, info.size)  # data.global_batch_size: the same step on the new world
             self.backend.on_world_change()
             steps.refresh()
             # A rollback restores weights and optimizer state to the commit; gradients accumulated

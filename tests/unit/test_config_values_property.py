@@ -69,6 +69,7 @@ def F(lo, hi=None, **kw):  # noqa: N802
 RANGES: dict[str, Spec] = {
     "seed": I(0, 2**32 - 1),  # numpy's seed range
     "data.prefetch": I(0), "data.validation_split": F(0, 1, hi_open=True), "data.batch_size": I(1),
+    "data.global_batch_size": I(1, optional=True),
     "data.samples": I(1), "data.features": I(1), "data.classes": I(1), "data.window": I(1, optional=True),
     "data.horizon": I(1), "data.vocab_size": I(3), "data.max_len": I(1),
     "data.image.size": I(1, 65535, optional=True, items=True), "data.workers": I(0, 256),
@@ -88,6 +89,7 @@ RANGES: dict[str, Spec] = {
 
 CLASSIFIER = {"name": "t", "data": {"dataset": "sklearn:digits"},
               "model": {"input_shape": [64], "layers": [{"type": "dense", "units": 10}]}}
+NATIVE = {"name": "t", "data": {"dataset": "sklearn:digits"}, "model": {"entrypoint": "tests.support.models:mlp"}}
 SERIES = {"name": "t", "loss": "mse", "data": {"dataset": "statsmodels:sunspots", "window": 8},
           "model": {"input_shape": [8], "layers": [{"type": "dense", "units": 1}]}}
 
@@ -244,7 +246,7 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 def test_a_drawn_value_loads_or_is_one_located_config_error(tmp_path, draw):
     key, text = draw
     spec = RANGES[key]
-    base = SERIES if key in ("data.window", "data.horizon") else CLASSIFIER
+    base = SERIES if key in ("data.window", "data.horizon") else NATIVE if key == "model.output_key" else CLASSIFIER
     readable, value = meaning(text)
     # null is the default of these two, but the bases need a value (model.layers, a series)
     ok = readable and acceptable(spec, value) and not (value is None and key in ("model.input_shape", "data.window"))
