@@ -5,6 +5,7 @@ hvtrain.metrics.suite."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -128,6 +129,10 @@ def validate(cfg: Config, need_data: bool = True) -> None:
         if "data.batch_size" in cfg.lines:
             raise cfg.fail("data.global_batch_size", "give data.batch_size (per replica) or data.global_batch_size "
                                                      "(the whole step), not both")
+        acc = cfg.train.grad_accumulation
+        if d.global_batch_size % acc:
+            raise cfg.fail("data.global_batch_size", f"{d.global_batch_size} is not a multiple of "
+                           f"train.grad_accumulation {acc} (each of its steps takes an equal share)")
         if cfg.optimizer.scale_lr:
             raise cfg.fail("optimizer.scale_lr", "scales the lr with the rank count, for a batch that grows with it; "
                                                  "data.global_batch_size keeps the batch: set optimizer.lr for it")
@@ -193,9 +198,19 @@ def per_replica_batch(cfg: Config, replicas: int) -> int:
     if g is None:
         return cfg.data.batch_size
     if g % (replicas * acc):
-        fits = [n for n in range(1, g // acc + 1) if g % (n * acc) == 0]
+        m = g // acc
+        fits = sorted({d for k in range(1, math.isqrt(m) + 1) if m % k == 0 for d in (k, m // k)})
         raise cfg.fail("data.global_batch_size", f"{g} does not split evenly over {replicas} replica(s)"
                        + (f" x {acc} accumulation steps" if acc > 1 else "") + "; replica counts it fits: "
                        + ", ".join(map(str, fits[:12])) + (" ..." if len(fits) > 12 else ""))
     cfg.data.batch_size = g // (replicas * acc)
     return cfg.data.batch_size
+
+
+def experiment_record(cfg: Config) -> dict:
+    """The config as a run's identity (checkpoints, summary.json's config_hash): with
+    data.global_batch_size, the per-replica batch is this world's derivation, not the experiment."""
+    record = cfg.to_dict()
+    if cfg.data.global_batch_size is not None:
+        record["data"].pop("batch_size", None)
+    return record

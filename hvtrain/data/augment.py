@@ -72,6 +72,8 @@ class Augment:
         computed from its own row alone (the contrast mean is a reduction along that row's
         contiguous values), so the batch a sample travels in changes nothing."""
         n, h, w, _ = rows.shape
+        if n == 0:
+            return np.empty(rows.shape, np.float32)
         u = uniforms(self.seed, epoch, samples, DRAWS)
         x = rows
         if self.resized_crop:
@@ -128,8 +130,8 @@ def uniforms(seed: int, epoch: int, samples: np.ndarray, count: int) -> np.ndarr
     a hash of (seed, epoch, s, j) alone, so the draws of one sample do not depend on the batch,
     the rank or the world size, and a whole batch's come from a few integer array operations."""
     with np.errstate(over="ignore"):
-        key = _mix(np.array([(seed ^ (AUGMENT_KEY << 32)) & _MASK], np.uint64) + _GOLDEN)
-        key = _mix(key + np.uint64(epoch & _MASK) * _GOLDEN)
+        key = _mix(np.array([(int(seed) ^ (AUGMENT_KEY << 32)) & _MASK], np.uint64) + _GOLDEN)
+        key = _mix(key + np.uint64(int(epoch) & _MASK) * _GOLDEN)
         per = _mix(key + np.asarray(samples, np.int64).astype(np.uint64)[:, None] * _GOLDEN)
         z = _mix(per + (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)[None, :])
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

@@ -136,7 +136,7 @@ def _fast_jpeg(data: bytes) -> np.ndarray | None:
         if space not in ("YCbCr", "Gray") or (limit is not None and height * width > limit):
             return None
         return _simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
-    except ValueError:  # truncated or corrupt: Pillow's decode names what is wrong
+    except Exception:  # noqa: BLE001 - truncated, corrupt, a sampling it has no name for (4:4:1): Pillow decides
         return None
 
 

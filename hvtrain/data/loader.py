@@ -30,15 +30,14 @@ _MAPS: dict[str, Any] = {}  # in a worker process: the result slots it has mappe
 SHM = "/dev/shm"
 
 
-def _start_worker(blob: bytes) -> None:
+def _start_worker(blob: bytes, parent: int) -> None:
     """A worker's start: the job's signals are its rank's to act on (a scheduler signals every
     process of the step: the rank checkpoints, then closes the pool), and it dies with its rank
     (an MPI abort or a kill skips the rank's close)."""
     global _SPLIT
     for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    parent = os.getppid()
-
+    # `parent` is the rank's pid, passed in: a worker that starts after its rank died would read 1
     def orphaned() -> None:  # not PR_SET_PDEATHSIG: that fires when the spawning *thread* ends
         while os.getppid() == parent:
             time.sleep(1.0)
@@ -84,11 +83,9 @@ class _Slots:
             self.size = -(-nbytes * most_rows // rows)
 
     def take(self) -> tuple[str, int] | None:
-        if not (self.enabled and self.size):
-            return None
         if self.free:
             return self.free.pop()
-        if len(self.maps) >= self.count:
+        if not (self.enabled and self.size) or len(self.maps) >= self.count:
             return None
         name = f"hvtrain-{os.getpid()}-{secrets.token_hex(6)}"
         path = os.path.join(SHM, name)
@@ -148,7 +145,7 @@ class Workers:
                 raise DataError(f"data.workers: {self.split.source.name} cannot be sent to worker processes "
                                 f"({type(exc).__name__}: {exc}); set data.workers: 0") from None
             self._pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_worker, initargs=(blob,))
+                                             initializer=_start_worker, initargs=(blob, os.getpid()))
         self._most_rows = max(self._most_rows, len(indices))
         slot = self._slots.take()
         future = self._pool.submit(_features, indices, epoch, slot)
@@ -173,6 +170,15 @@ class Workers:
             self._slots.free.append(slot)
         self._slots.learn(got[1].nbytes, rows, self._most_rows)
         return got[1]
+
+    def release(self) -> None:
+        """Give back the slots of batches submitted but never read (a prefetcher stopped mid-epoch:
+        an elastic reset, a pre-emption): at once if cancelled, else when the worker is done with it."""
+        held, self._held = self._held, {}
+        for future, (slot, _) in held.items():
+            if slot is not None:
+                future.cancel()
+                future.add_done_callback(lambda _f, slot=slot: self._slots.free.append(slot))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -283,6 +289,8 @@ class Prefetcher:
                 except queue.Empty:
                     break
             self._thread.join()  # never two threads in a Source: evaluation reads it next
+        if self.workers is not None:
+            self.workers.release()
 
     def __enter__(self) -> Prefetcher:
         return self

@@ -32,7 +32,9 @@ JOB_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "PBS_JOBID", "LSB_JOBID")
 def config_hash(cfg: Config, without: tuple[str, ...] = ()) -> str:
     """The config's hash; `without` leaves top-level keys out (output_dir: the same run named by a
     relative or an absolute path)."""
-    data = {k: v for k, v in cfg.to_dict().items() if k not in without}
+    from hvtrain.config.validate import experiment_record
+
+    data = {k: v for k, v in experiment_record(cfg).items() if k not in without}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

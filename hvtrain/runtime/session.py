@@ -93,12 +93,8 @@ class Session:
 
     def __enter__(self) -> Session:
         with ending_cleanly(self.runtime):
-            from hvtrain.config.validate import per_replica_batch
             from hvtrain.launch.process import local_gpu
 
-            # every rank derives it before its first batch: a global batch that does not split is
-            # the same located error on each, reported by rank 0's failure path
-            per_replica_batch(self.cfg, self.plan.replicas if self.plan is not None else self.info.size)
             # Pipelines place stages on the plan's devices (parallel.pipeline.devices); otherwise
             # each rank takes the GPU of its local rank, Horovod's convention.
             gpu = None if self.plan is not None else local_gpu(self.info.local_rank, self.info.local_size,

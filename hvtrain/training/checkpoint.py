@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hvtrain.config.validate import experiment_record
 from hvtrain.errors import HvtrainError
 from hvtrain.io.checkpoints import Checkpoint, decode, encode, find_resume, new_run_id, remove_orphans, save, where
 from hvtrain.io.reporter import Reporter
@@ -46,9 +47,7 @@ class CheckpointManager:
                  inputs: dict[str, Any] | None = None):
         self.cfg, self.runtime, self.reporter, self.layout, self.inputs = cfg, runtime, reporter, layout, inputs
         self.run_id = new_run_id()  # until start() agrees on one (elastic: the state sync does)
-        self.experiment = cfg.to_dict()  # what a checkpoint records of the run and a resume must match
-        if cfg.data.global_batch_size is not None:  # the per-replica batch is this world's, not the experiment's
-            self.experiment["data"].pop("batch_size", None)
+        self.experiment = experiment_record(cfg)  # what a checkpoint records of the run and a resume must match
         if runtime.info.is_main:
             for orphan in remove_orphans(reporter.out_dir):
                 reporter.notice(f"removed an unfinished checkpoint file: {orphan}")
@@ -95,7 +94,7 @@ class CheckpointManager:
             acc = self.cfg.train.grad_accumulation
             changed = (f"; world size changed {meta['world_size']} -> {info.size}: global batch {g} kept "
                        f"({g // (before * acc)} -> {b} per replica), the same data order and lr schedule"
-                       + "; per-rank random streams reseeded (a dropout layer's draws differ)")
+                       + "; per-rank random streams reseeded")
         else:
             changed = (f"; world size changed {meta['world_size']} -> {info.size}" + (
                 f": global batch {b * before} -> {b * now}" if before != now else "")

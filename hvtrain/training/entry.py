@@ -14,9 +14,10 @@ from dataclasses import replace
 from typing import Any
 
 from hvtrain.config.schema import Config
+from hvtrain.config.validate import per_replica_batch
 from hvtrain.errors import ConfigError
 from hvtrain.io import tensorboard as tbevents
-from hvtrain.launch.process import affinity, elastic_launch
+from hvtrain.launch.process import affinity, elastic_launch, launch_rank
 from hvtrain.metrics.suite import MetricSet
 from hvtrain.model.spec import check_weights
 from hvtrain.model.weights import WeightFile
@@ -71,6 +72,9 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
             if launched_with_gloo():
                 raise p.cfg.fail("parallel.pipeline", "pipeline stages exchange activations by MPI point-to-point, "
                                  "which a horovodrun --gloo launch does not provide; use horovodrun (MPI) or mpirun")
+        where = launch_rank()
+        if where is not None and not elastic and where[1] % p.cfg.parallel.pipeline.stages == 0:
+            per_replica_batch(p.cfg, where[1] // p.cfg.parallel.pipeline.stages)  # before any framework import
         signals.check("the framework's import")
         collect_before_mpi()
         return _train(p, quiet, resume, elastic, signals)
@@ -91,6 +95,8 @@ def resuming(cfg: Config, resume: str | None) -> bool:
 
 def _train(p: Prepared, quiet: bool, resume: str | None, elastic: bool, signals: Any) -> dict[str, Any]:
     with Session(p.cfg, p.spec, elastic=elastic, signals=signals) as s:
+        # data.global_batch_size: this world's per-replica batch (elastic: again after each reset)
+        per_replica_batch(p.cfg, s.plan.replicas if s.plan is not None else s.info.size)
         if not elastic:  # elastic: workers join mid-run, where only Horovod's state sync may talk
             check_agreement(p, s.runtime)
         return fit_session(s, p, quiet, resume, signals)

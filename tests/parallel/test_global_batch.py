@@ -50,3 +50,18 @@ def test_one_global_batch_is_the_same_training_on_any_world_and_resumes_across_w
         assert (f"world size changed {was} -> {resumed}: global batch 64 kept ({64 // was} -> {64 // resumed} per "
                 "replica), the same data order and lr schedule") in said, said
         assert gap(tmp_path, made, f"{made}-on-{resumed}") <= 1e-6, f"{made} resumed on {resumed} rank(s)"
+
+
+def test_a_finished_global_batch_run_keeps_its_results_on_another_world_and_evaluates_on_any(tmp_path):
+    """A requeue of a finished run on another node count: nothing retrained (the run's identity
+    does not hold the derived per-replica batch); evaluate never needs the batch to split."""
+    (tmp_path / "gb.yaml").write_text(CONFIG.replace("checkpoint_unit: step, checkpoint_every: 10, keep: 20",
+                                                     "checkpoint_every: 0"))
+    train(tmp_path, 1, "done", "torch")
+    summary = (tmp_path / "done" / "summary.json").read_bytes()
+    said = train(tmp_path, 2, "done", "torch", "--resume", "auto")
+    assert "finished on this config and this data (summary.json, final.safetensors): its results are kept" in said, said
+    assert (tmp_path / "done" / "summary.json").read_bytes() == summary
+    proc = run(mpirun(3, "evaluate", str(tmp_path / "gb.yaml"), "--weights", str(tmp_path / "done" / "final.safetensors"),
+                      "--output-dir", str(tmp_path / "eval")), timeout=300)
+    assert "accuracy" in proc.stdout, proc.stdout

@@ -48,3 +48,42 @@ def test_a_per_replica_batch_is_left_as_configured(tmp_path):
 def test_what_would_make_the_global_batch_mean_another_training_is_refused(tmp_path, data, extra, key):
     with pytest.raises(ConfigError, match=rf"g\.yaml:\d+: {key.replace('.', '[.]')}"):
         cfg(tmp_path, data, extra)
+
+
+def test_a_global_batch_not_a_multiple_of_the_accumulation_is_refused_at_load(tmp_path):
+    with pytest.raises(ConfigError, match=r"g\.yaml:2: data\.global_batch_size: 64 is not a multiple of "
+                                          r"train\.grad_accumulation 3"):
+        cfg(tmp_path, extra="train: {grad_accumulation: 3}\n")
+
+
+def test_the_run_identity_does_not_depend_on_the_world(tmp_path):
+    """summary.json's config_hash and a checkpoint's experiment: the same on every rank count (a
+    requeue on another node count of a finished run keeps its results, resumes its checkpoints)."""
+    from hvtrain.config.validate import experiment_record
+    from hvtrain.runtime.manifest import config_hash, training_hash
+
+    c = cfg(tmp_path)
+    seen = set()
+    for replicas in (1, 2, 4):
+        per_replica_batch(c, replicas)
+        seen.add((training_hash(c), config_hash(c), str(experiment_record(c))))
+    assert len(seen) == 1
+    assert "batch_size" not in experiment_record(c)["data"]
+    fixed = cfg(tmp_path, "batch_size: 16")
+    assert experiment_record(fixed)["data"]["batch_size"] == 16, "a per-replica batch is the experiment's"
+
+
+def test_a_launch_the_global_batch_does_not_fit_fails_before_any_framework_starts(tmp_path, monkeypatch):
+    import sys
+
+    import hvtrain
+
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    before = {m for m in ("torch", "tensorflow", "horovod") if m in sys.modules}
+    config = {"name": "g", "data": {"dataset": "sklearn:digits", "global_batch_size": 64},
+              "model": {"input_shape": [64], "layers": [{"type": "dense", "units": 10}]},
+              "output_dir": str(tmp_path / "g")}
+    with pytest.raises(ConfigError, match=r"data\.global_batch_size: 64 does not split evenly over 3 replica"):
+        hvtrain.train(config, quiet=True)
+    assert {m for m in ("torch", "tensorflow", "horovod") if m in sys.modules} == before

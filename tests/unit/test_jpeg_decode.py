@@ -124,3 +124,41 @@ def test_workers_give_back_every_batch_whichever_way_it_travels(how, monkeypatch
     finally:
         workers.close()
     assert shm_files(os.getpid()) == [], "close() leaves no shared memory behind"
+
+
+def test_any_failure_of_simplejpeg_is_pillows_to_decide(monkeypatch):
+    """simplejpeg's header reader raises KeyError for a sampling it has no name for (4:4:1, which
+    cjpeg -sample 1x4 writes and Pillow decodes): the file goes to Pillow, not a traceback."""
+    def unnamed(data):
+        raise KeyError(6)
+
+    monkeypatch.setattr(images._simplejpeg, "decode_jpeg_header", unnamed)
+    data = jpeg(photo())
+    np.testing.assert_array_equal(decode(data, (37, 53), 3), by_pillow(data, (37, 53), 3, monkeypatch))
+
+
+def test_slots_of_batches_never_read_come_back(tmp_path):
+    """A prefetcher stopped mid-epoch (an elastic reset, a pre-emption) leaves batches in flight:
+    their slots return to the rank, so the next epoch still travels through shared memory."""
+    workers = loader.Workers(Rows(), 1)
+    try:
+        first = workers.submit(np.arange(8), 0)
+        np.testing.assert_array_equal(workers.result(first), Rows().features(np.arange(8), 0))  # sizes the slots
+        for _ in range(2):
+            for k in range(3):
+                workers.submit(np.arange(8) + 8 * k, 1)  # never read
+            workers.release()
+        np.testing.assert_array_equal(workers.result(workers.submit(np.arange(8), 2)), Rows().features(np.arange(8), 2))
+        workers._pool.shutdown(wait=True)
+        assert len(workers._slots.maps) <= workers._slots.count
+        assert len(workers._slots.free) == len(workers._slots.maps) > 0, "every slot given back"
+    finally:
+        workers.close()
+
+
+def test_augmenting_an_empty_batch_gives_an_empty_batch():
+    from hvtrain.data.augment import Augment
+
+    aug = Augment(seed=np.int64(3), crop_padding=2, flip=True, brightness=0.2, contrast=0.2)
+    out = aug(np.zeros((0, 8, 8, 3), np.uint8), np.zeros(0, np.int64), np.int64(1))
+    assert out.shape == (0, 8, 8, 3) and out.dtype == np.float32
