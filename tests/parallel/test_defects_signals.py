@@ -47,7 +47,7 @@ def test_defect_07_slurm_preemption_of_plain_horovodrun_checkpoints_exits_75_and
     step it names and exit 75; the last one's resume ends bitwise where an uninterrupted run does."""
     for attempt in range(2):
         part = tmp_path / f"part{attempt}"
-        proc = start(job_argv("horovodrun", "--set", "train.epochs=40", "--output-dir", str(part)), part)
+        proc = start(job_argv("horovodrun", "--set", "train.epochs=400", "--output-dir", str(part)), part)
         send(the_job(proc), signal.SIGTERM)
         step = assert_checkpointed(finish(proc, part), part, ranks=2)
     # the epoch it stopped in: the second, unless the notice landed later (an epoch is ~0.1 s; CI's load
