@@ -22,6 +22,19 @@ def write(tmp_path, cfg: dict) -> str:
     return str(path)
 
 
+def predicted_and_exported(tmp_path, cfg: str, weights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`hvtrain predict` of `x` with `weights`, and onnxruntime's output of `hvtrain export --format onnx`."""
+    import onnxruntime as ort
+
+    np.save(tmp_path / "x.npy", x)
+    run(hvtrain("predict", cfg, "--weights", str(weights), "--input", str(tmp_path / "x.npy"),
+                "--output", str(tmp_path / "p.npy")), timeout=300)
+    run(hvtrain("export", cfg, "--weights", str(weights), "--format", "onnx", "--output", str(tmp_path / "m.onnx")),
+        timeout=400)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    return np.load(tmp_path / "p.npy"), session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
 def test_defect_02_keras_softmax_head_trains_on_two_ranks_and_predicts_its_probabilities(tmp_path):
     """Before: val_loss ~1.5 at 97% accuracy (softmax applied twice), predictions squashed toward
     uniform (mean top probability ~0.23)."""
@@ -83,17 +96,8 @@ def test_native_models_train_on_two_ranks_resume_exactly_and_export_what_predict
     assert s["world_size"] == 2 and s["replicas_agree"] and s["val_accuracy"] > 0.85, s
     from sklearn.datasets import load_digits
 
-    np.save(tmp_path / "x.npy", load_digits().data[:100].astype(np.float32))
-    weights = str(full / "final.safetensors")
-    run(hvtrain("predict", cfg, "--weights", weights, "--input", str(tmp_path / "x.npy"),
-                "--output", str(tmp_path / "p.npy")), timeout=120)
-    run(hvtrain("export", cfg, "--weights", weights, "--format", "onnx", "--output", str(tmp_path / "m.onnx")),
-        timeout=300)
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
-    onnx = session.run(None, {session.get_inputs()[0].name: np.load(tmp_path / "x.npy")})[0]
-    p = np.load(tmp_path / "p.npy")
+    p, onnx = predicted_and_exported(tmp_path, cfg, full / "final.safetensors",
+                                     load_digits().data[:100].astype(np.float32))
     np.testing.assert_allclose(onnx, p, atol=1e-5)
     assert np.mean(p.argmax(axis=1) == load_digits().target[:100]) > 0.85
 
@@ -118,16 +122,6 @@ def test_a_keras_applications_model_trains_on_two_ranks_resumes_exactly_and_expo
     assert max_abs_diff(load_weights(full / "final.safetensors"), load_weights(part / "final.safetensors")) == 0
     s = json.loads((full / "summary.json").read_text())
     assert s["world_size"] == 2 and s["replicas_agree"] and np.isfinite(s["val_loss"]), s
-    np.save(tmp_path / "x.npy", images()[0][:16])
-    weights = str(full / "final.safetensors")
-    run(hvtrain("predict", cfg, "--weights", weights, "--input", str(tmp_path / "x.npy"),
-                "--output", str(tmp_path / "p.npy")), timeout=300)
-    run(hvtrain("export", cfg, "--weights", weights, "--format", "onnx", "--output", str(tmp_path / "m.onnx")),
-        timeout=400)
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
-    onnx = session.run(None, {session.get_inputs()[0].name: np.load(tmp_path / "x.npy")})[0]
-    p = np.load(tmp_path / "p.npy")
+    p, onnx = predicted_and_exported(tmp_path, cfg, full / "final.safetensors", images()[0][:16])
     np.testing.assert_allclose(p.sum(axis=1), 1, atol=1e-5)
     np.testing.assert_allclose(onnx, p, atol=1e-5)

@@ -15,8 +15,6 @@ from hvtrain.data import images, loader
 from hvtrain.data.images import decode
 from hvtrain.errors import DataError
 
-pytest.importorskip("simplejpeg")  # the data extra: installed by make setup, so this never skips in CI
-
 
 def photo(h: int = 37, w: int = 53) -> np.ndarray:
     """A smooth RGB picture with some noise: what JPEG is for (chroma varies, edges are soft)."""
