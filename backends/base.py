@@ -94,11 +94,14 @@ class Backend(ABC):
         """Learning rate for the following optimizer steps."""
 
     @abstractmethod
-    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool) -> bool:
+    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool,
+                   keys: np.ndarray | None = None) -> bool:
         """Forward/backward of sum(loss_i * sample_weight_i) (the weights sum to 1 over the global
-        step); allreduce-average the gradients and update when `apply`. The weighted loss is added to
-        a local accumulator. A batch whose weights are all zero (a rank's empty share of a tail
-        batch) joins the allreduce with zero gradients and changes no statistics. Returns False if
+        step); allreduce-average the gradients and update when `apply`. `keys` (int64 [batch, 2],
+        hvtrain.data.draws.dropout_keys) draw the catalogue's dropout masks per sample
+        (train.randomness: per_sample; required then), None: the framework's per-rank stream. The
+        weighted loss is added to a local accumulator. A batch whose weights are all zero (a rank's
+        empty share of a tail batch) joins the allreduce with zero gradients and changes no statistics. Returns False if
         this rank's loss was not finite; with `train.on_nan: skip` an update whose averaged
         gradients are not finite is skipped on every rank alike, and a non-finite loss makes its
         gradients NaN (an inf loss can have finite ones) so that its update is skipped too."""

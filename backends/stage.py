@@ -13,15 +13,16 @@ if TYPE_CHECKING:
 
 class StageEngine(ABC):
     @abstractmethod
-    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False) -> list[np.ndarray]:
+    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False,
+                draws: np.ndarray | None = None) -> list[np.ndarray]:
         """Training forward of micro-batch `key` from the stage's incoming tensors (Stage.sources
         order) to its outgoing ones (Stage.outputs order, float32); keep the graph until
         backward(key). `padding`: the micro-batch holds only zero-weight samples (no statistics
-        updated)."""
+        updated). `draws`: its samples' dropout keys (Backend.train_step's `keys`)."""
 
     @abstractmethod
     def forward_loss(self, key: int, xs: list[np.ndarray], y: np.ndarray, sample_weight: np.ndarray,
-                     scale: float = 1.0) -> float:
+                     scale: float = 1.0, draws: np.ndarray | None = None) -> float:
         """Last stage: forward and the weighted loss sum(l_i * w_i), returned unscaled; keep the
         graph of the loss times `scale` (fp16 loss scaling)."""
 

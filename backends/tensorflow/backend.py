@@ -19,6 +19,7 @@ import tensorflow as tf  # noqa: E402
 
 from hvtrain.backends.base import Backend, Collectives
 from hvtrain.config.schema import Config
+from hvtrain.config.validate import per_sample_randomness
 from hvtrain.launch.process import ProcessInfo, default_threads
 from hvtrain.metrics.suite import MetricSet
 from hvtrain.model.entrypoint import load_entrypoint
@@ -26,6 +27,7 @@ from hvtrain.model.native import PLAIN, NativeInputs, OutputForm, check_reads, d
 from hvtrain.model.spec import ModelSpec
 from hvtrain.model.weights import Inputs
 
+from .draws import SampleDraws, keyed  # noqa: E402
 from .export import export as export_model  # noqa: E402
 from .export import load as load_exported  # noqa: E402
 from .model import build_model, from_native, to_native  # noqa: E402
@@ -78,6 +80,7 @@ class TensorFlowBackend(Backend):
               form: OutputForm | None = None) -> None:
         self.cfg, self.spec, self.runtime, self.num_outputs = cfg, spec, runtime, num_outputs
         self.form, self.native = PLAIN, NativeInputs(spec.integer_input) if spec is not None else None
+        self.draws = SampleDraws() if per_sample_randomness(cfg) and spec is not None and spec.draws_random else None
         policy = POLICY.get(cfg.train.precision)
         if spec is None:  # the user's code builds the layers: under the run's dtype policy
             previous = keras.mixed_precision.dtype_policy()
@@ -91,7 +94,7 @@ class TensorFlowBackend(Backend):
             check_reads(cfg, self.native, example)
             self.example_shape = tuple(example.shape[1:])
         else:
-            self.model = build_model(spec, policy)
+            self.model = build_model(spec, policy, draws=self.draws)
         if weights is not None:
             self.set_weights(weights)
         self.optimizer = make_optimizer(cfg, self.model)
@@ -127,13 +130,15 @@ class TensorFlowBackend(Backend):
         y_sig = tf.TensorSpec((None, self.num_outputs) if regression else (None,),
                               tf.float32 if regression else tf.int64)
         w_sig = tf.TensorSpec((None,), tf.float32)
+        k_sig = tf.TensorSpec((None, 2), tf.int64)  # the samples' dropout keys (per_sample; zeros otherwise)
         horovod, size = self.runtime.horovod, float(self.runtime.info.size)
         distributed = self.runtime.info.size > 1
         scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
 
-        def local_grads(x, y, w, training):
+        def local_grads(x, y, w, k, training):
             with tf.GradientTape() as tape:
-                out = scores(self.form, self.model(x, training=training))
+                with keyed(self.draws, k):
+                    out = scores(self.form, self.model(x, training=training))
                 loss = tf.reduce_sum(self.loss_fn(out, y) * w)
                 total = loss * size  # Horovod averages; see hvtrain.data.batches.Batch
                 if scaled:
@@ -153,16 +158,16 @@ class TensorFlowBackend(Backend):
                 grads = [g * tf.cast(poison, g.dtype) for g in grads]
             return grads, loss
 
-        def accumulate(x, y, w, training):
-            grads, loss = local_grads(x, y, w, training)
+        def accumulate(x, y, w, k, training):
+            grads, loss = local_grads(x, y, w, k, training)
             for acc, g in zip(self.accum, grads, strict=True):
                 acc.assign_add(g)
             return loss
 
         accumulating = self.cfg.train.grad_accumulation > 1  # else the accumulator stays zero: skip it
 
-        def apply(x, y, w, training):
-            local, loss = local_grads(x, y, w, training)
+        def apply(x, y, w, k, training):
+            local, loss = local_grads(x, y, w, k, training)
             grads = [acc + g for acc, g in zip(self.accum, local, strict=True)] if accumulating else local
             if distributed:
                 grads = horovod.average(grads, self.cfg.horovod.num_groups, "hvtrain.grads", self.cfg.train.compression)
@@ -192,8 +197,8 @@ class TensorFlowBackend(Backend):
             return scores(self.form, self.model(x, training=False))
 
         def compiled(step, training: bool):
-            return tf.function(lambda x, y, w: step(x, y, w, training), input_signature=[x_sig, y_sig, w_sig],
-                               reduce_retracing=True)
+            return tf.function(lambda x, y, w, k: step(x, y, w, k, training),
+                               input_signature=[x_sig, y_sig, w_sig, k_sig], reduce_retracing=True)
 
         # (apply?, training?) -> step. An all-zero-weight batch (a rank's empty share of a tail batch)
         # runs in inference mode: no statistics updated, zero gradients. Separate functions, not a
@@ -212,8 +217,13 @@ class TensorFlowBackend(Backend):
     def set_lr(self, lr: float) -> None:
         self.optimizer.learning_rate.assign(lr)
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool) -> bool:
-        loss = self._steps[(apply, bool(sample_weight.any()))](x, y, sample_weight)
+    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool,
+                   keys: np.ndarray | None = None) -> bool:
+        if keys is None:
+            if self.draws is not None:
+                raise ValueError("train.randomness: per_sample needs each training batch's sample keys")
+            keys = np.zeros((len(x), 2), np.int64)
+        loss = self._steps[(apply, bool(sample_weight.any()))](x, y, sample_weight, keys)
         return bool(np.isfinite(loss.numpy()))
 
     def discard_gradients(self) -> None:

@@ -7,6 +7,8 @@ import tensorflow as tf
 
 from hvtrain.model.spec import LayerSpec
 
+from .draws import HashedDropout, HashedMultiHeadAttention, SampleDraws
+
 
 class BatchNorm(keras.layers.BatchNormalization):
     """A training batch with one value per channel (one sample of a dense layer) has no batch
@@ -39,28 +41,35 @@ class PositionalEmbedding(keras.layers.Layer):
 
 class Attention(keras.layers.Layer):
     """keras.layers.MultiHeadAttention with the causal flag fixed at build: self-attention with one
-    input, (query, key/value) with two."""
+    input, (query, key/value) with two. `hashed` (layer index, draws): its dropout per sample."""
 
-    def __init__(self, num_heads: int, key_dim: int, causal: bool, dropout: float, **kw):
+    def __init__(self, num_heads: int, key_dim: int, causal: bool, dropout: float,
+                 hashed: tuple[int, SampleDraws] | None = None, **kw):
         super().__init__(**kw)
         self.causal = causal
-        self.mha = keras.layers.MultiHeadAttention(num_heads, key_dim, dropout=dropout, dtype=kw.get("dtype"))
+        if hashed is None:
+            self.mha = keras.layers.MultiHeadAttention(num_heads, key_dim, dropout=dropout, dtype=kw.get("dtype"))
+        else:
+            self.mha = HashedMultiHeadAttention(num_heads, key_dim, dropout=dropout, dtype=kw.get("dtype"),
+                                                layer=hashed[0], draws=hashed[1])
 
     def call(self, query, source=None, training=None):
         source = query if source is None else source
         return self.mha(query, source, use_causal_mask=self.causal, training=training)
 
 
-def build_layer(layer: LayerSpec, dtype_policy: str | None = None) -> keras.layers.Layer:
+def build_layer(layer: LayerSpec, dtype_policy: str | None = None,
+                draws: SampleDraws | None = None) -> keras.layers.Layer:
     """The Keras layer of `layer`; a frozen one (`trainable: false`) has no trainable variables and,
-    for batchnorm, normalises with its moving statistics and leaves them unchanged (Keras's rule)."""
-    native = _build(layer, dtype_policy)
+    for batchnorm, normalises with its moving statistics and leaves them unchanged (Keras's rule).
+    `draws`: its dropout masks are per sample (hashed), else Keras's seed generators'."""
+    native = _build(layer, dtype_policy, draws)
     if not layer.trainable:
         native.trainable = False  # recursive: sublayers too
     return native
 
 
-def _build(layer: LayerSpec, dtype_policy: str | None) -> keras.layers.Layer:
+def _build(layer: LayerSpec, dtype_policy: str | None, draws: SampleDraws | None) -> keras.layers.Layer:
     kw = {"dtype": dtype_policy} if dtype_policy else {}
     kw["name"] = f"n{layer.index}"
     o, kind = layer.options, layer.type
@@ -78,7 +87,8 @@ def _build(layer: LayerSpec, dtype_policy: str | None) -> keras.layers.Layer:
     if kind == "reshape":
         return keras.layers.Reshape(o["shape"], **kw)
     if kind == "dropout":
-        return keras.layers.Dropout(o["rate"], **kw)
+        return keras.layers.Dropout(o["rate"], **kw) if draws is None else HashedDropout(o["rate"], layer.index,
+                                                                                         draws, **kw)
     if kind == "batchnorm":
         return BatchNorm(momentum=o["momentum"], epsilon=o["epsilon"], **kw)
     if kind == "activation":
@@ -108,7 +118,8 @@ def _build(layer: LayerSpec, dtype_policy: str | None) -> keras.layers.Layer:
     if kind == "positional_embedding":
         return PositionalEmbedding(o["max_len"], **kw)
     if kind == "multi_head_attention":
-        return Attention(o["num_heads"], o["key_dim"], o["causal"], o["dropout"], **kw)
+        return Attention(o["num_heads"], o["key_dim"], o["causal"], o["dropout"],
+                         None if draws is None else (layer.index, draws), **kw)
     if kind == "add":
         return keras.layers.Add(**kw)
     if kind == "multiply":

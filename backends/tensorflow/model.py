@@ -16,13 +16,16 @@ import numpy as np
 from hvtrain.model.entrypoint import check_native_names
 from hvtrain.model.spec import INPUT, LayerSpec, ModelSpec, check_weights, from_layers, per_layer
 
+from .draws import SampleDraws
 from .layers import build_layer
 
 
 def build_model(spec: ModelSpec, dtype_policy: str | None = None, sources: tuple[int, ...] = (INPUT,),
-                outputs: tuple[int, ...] = (), layers: list[LayerSpec] | None = None) -> keras.Model:
+                outputs: tuple[int, ...] = (), layers: list[LayerSpec] | None = None,
+                draws: SampleDraws | None = None) -> keras.Model:
     """A Keras functional model of the spec's graph (or of `layers`, a pipeline stage, fed the
-    producer tensors `sources` and returning `outputs`). Layer i is named `n<i>`."""
+    producer tensors `sources` and returning `outputs`). Layer i is named `n<i>`. `draws`: dropout
+    masks per sample (the compiled steps key them)."""
     layers = spec.layers if layers is None else layers
     values = {}
     inputs = []
@@ -33,7 +36,7 @@ def build_model(spec: ModelSpec, dtype_policy: str | None = None, sources: tuple
         inputs.append(values[j])
     for layer in layers:
         args = [values[j] for j in layer.inputs]
-        native = build_layer(layer, dtype_policy)
+        native = build_layer(layer, dtype_policy, draws)
         values[layer.index] = native(args) if layer.type in ("add", "multiply", "concatenate") else native(*args)
     outs = [values[j] for j in (outputs or (spec.output_index if layers is spec.layers else layers[-1].index,))]
     return keras.Model(inputs[0] if len(inputs) == 1 else inputs, outs[0] if len(outs) == 1 else outs)

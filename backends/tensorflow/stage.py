@@ -30,9 +30,11 @@ import tensorflow as tf
 
 from hvtrain.backends.stage import StageEngine
 from hvtrain.config.schema import Config
+from hvtrain.config.validate import per_sample_randomness
 from hvtrain.metrics.suite import MetricSet
-from hvtrain.model.spec import INPUT, ModelSpec, per_layer
+from hvtrain.model.spec import INPUT, ModelSpec, draws_random, per_layer
 
+from .draws import SampleDraws, keyed
 from .model import build_model, layer_from_native, layer_to_native, native_layers
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 
@@ -46,8 +48,10 @@ class TensorFlowStage(StageEngine):
         self.horovod, self.cfg, self.replicas, self.process_set = horovod, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = "/CPU:0" if device == "cpu" else f"/GPU:{device.split(':')[1]}"
+        self.draws = SampleDraws() if per_sample_randomness(cfg) and draws_random(self.layers) else None
         with tf.device(self.device):
-            self.model = build_model(spec, POLICY.get(cfg.train.precision), sources, outputs, self.layers)
+            self.model = build_model(spec, POLICY.get(cfg.train.precision), sources, outputs, self.layers,
+                                     self.draws)
             self.natives = native_layers(self.model, self.layers)
             grouped = per_layer(spec, weights)
             for layer, native in zip(self.layers, self.natives, strict=True):
@@ -69,14 +73,16 @@ class TensorFlowStage(StageEngine):
         a new loss scale never retraces."""
         sig = [tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype)) for t in self.model.inputs]
         y_sig = tf.TensorSpec(None, tf.float32 if self.cfg.loss in ("mse", "mae") else tf.int64)
-        loss_sig = [*sig, y_sig, tf.TensorSpec((None,), tf.float32), tf.TensorSpec((), tf.float32)]
+        k_sig = tf.TensorSpec((None, 2), tf.int64)  # the samples' dropout keys (per_sample; zeros otherwise)
+        loss_sig = [*sig, y_sig, tf.TensorSpec((None,), tf.float32), tf.TensorSpec((), tf.float32), k_sig]
         variables = [v.value for v in self.vars]
         self.in_dtypes = [spec.dtype.as_numpy_dtype for spec in sig]
 
-        def outputs(xs, training: bool) -> list[tf.Tensor]:
+        def outputs(xs, keys, training: bool) -> list[tf.Tensor]:
             if self.first:
                 xs = [tf.stop_gradient(x) for x in xs]
-            out = self.model(xs[0] if len(xs) == 1 else list(xs), training=training)
+            with keyed(self.draws if training else None, keys):
+                out = self.model(xs[0] if len(xs) == 1 else list(xs), training=training)
             return [tf.cast(o, tf.float32) for o in (out if isinstance(out, (list, tuple)) else [out])]
 
         def accumulate(grads) -> None:
@@ -85,11 +91,11 @@ class TensorFlowStage(StageEngine):
                     acc.assign_add(tf.cast(g, tf.float32))
 
         def loss_step(args, training: bool):
-            *xs, y, sample_weight, factor = args
+            *xs, y, sample_weight, factor, keys = args
             watched = [] if self.first else xs
             with tf.GradientTape() as tape:
                 tape.watch(watched)
-                loss = tf.reduce_sum(self.loss_fn(outputs(xs, training)[0], y) * sample_weight)
+                loss = tf.reduce_sum(self.loss_fn(outputs(xs, keys, training)[0], y) * sample_weight)
                 scaled = loss * factor
             got = tape.gradient(scaled, variables + watched)
             accumulate(got[: len(variables)])
@@ -118,7 +124,9 @@ class TensorFlowStage(StageEngine):
         self._reduce = {c: tf.function(lambda s, c=c: reduce(s, c), input_signature=[tf.TensorSpec((), tf.float32)])
                         for c in (True, False)}
         self._apply = tf.function(apply, input_signature=[grad_sig])
-        self._forward = {t: tf.function(lambda *xs, t=t: outputs(xs, t), input_signature=sig) for t in (True, False)}
+        # training: the inputs and the samples' keys; inference (a padding micro-batch, predict): the inputs
+        self._forward = {True: tf.function(lambda *a: outputs(a[:-1], a[-1], True), input_signature=[*sig, k_sig]),
+                         False: tf.function(lambda *xs: outputs(xs, None, False), input_signature=sig)}
         self._loss_step = {t: tf.function(lambda *a, t=t: loss_step(a, t), input_signature=loss_sig)
                            for t in (True, False)}
         self._accumulate = tf.function(accumulate, input_signature=[grad_sig])
@@ -127,21 +135,32 @@ class TensorFlowStage(StageEngine):
         """Boundaries arrive as float32; an integer model input carried across a cut goes back to int."""
         return [tf.constant(np.asarray(x, dtype)) for x, dtype in zip(xs, self.in_dtypes, strict=True)]
 
-    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False) -> list[np.ndarray]:
+    def _keys(self, draws: np.ndarray | None, n: int) -> tf.Tensor:
+        if draws is None:
+            if self.draws is not None:
+                raise ValueError("train.randomness: per_sample needs each micro-batch's sample keys")
+            draws = np.zeros((n, 2), np.int64)
+        return tf.constant(draws, tf.int64)
+
+    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False,
+                draws: np.ndarray | None = None) -> list[np.ndarray]:
         inps = self._inputs(xs)
+        keys = None if padding else self._keys(draws, len(xs[0]))
         with tf.device(self.device), tf.GradientTape() as tape:
             if not self.first:
                 tape.watch([t for t in inps if t.dtype.is_floating])
-            outs = self._forward[not padding](*inps)
+            outs = self._forward[False](*inps) if padding else self._forward[True](*inps, keys)
         self.live[key] = (tape, inps, outs)
         return [o.numpy() for o in outs]
 
     def forward_loss(self, key: int, xs: list[np.ndarray], y: np.ndarray, sample_weight: np.ndarray,
-                     scale: float = 1.0) -> float:
+                     scale: float = 1.0, draws: np.ndarray | None = None) -> float:
         factor = tf.constant(self.replicas * scale, tf.float32)  # Horovod averages over the replicas
+        training = bool(sample_weight.any())
+        keys = self._keys(draws, len(xs[0])) if training else tf.zeros((len(xs[0]), 2), tf.int64)
         with tf.device(self.device):
-            loss, in_grads = self._loss_step[bool(sample_weight.any())](
-                *self._inputs(xs), tf.constant(y), tf.constant(sample_weight), factor)
+            loss, in_grads = self._loss_step[training](
+                *self._inputs(xs), tf.constant(y), tf.constant(sample_weight), factor, keys)
         self.live[key] = in_grads
         value = float(loss)
         if np.isfinite(value):

@@ -11,6 +11,7 @@ import torch
 
 from hvtrain.backends.base import Backend, Collectives
 from hvtrain.config.schema import Config
+from hvtrain.config.validate import per_sample_randomness
 from hvtrain.launch.process import ProcessInfo, default_threads
 from hvtrain.metrics.suite import MetricSet
 from hvtrain.model.entrypoint import load_entrypoint
@@ -18,6 +19,7 @@ from hvtrain.model.native import PLAIN, NativeInputs, OutputForm, check_reads, d
 from hvtrain.model.spec import ModelSpec
 from hvtrain.model.weights import Inputs
 
+from .draws import SampleDraws, keyed
 from .export import export as export_model
 from .export import load as load_exported
 from .model import build_model, from_native, to_native
@@ -63,7 +65,9 @@ class TorchBackend(Backend):
               num_outputs: int, runtime: Collectives, example: np.ndarray | None = None,
               form: OutputForm | None = None) -> None:
         self.cfg, self.spec, self.runtime = cfg, spec, runtime
-        model = load_entrypoint(cfg, torch.nn.Module, "torch.nn.Module") if spec is None else build_model(spec)
+        self.draws = SampleDraws() if per_sample_randomness(cfg) and spec is not None and spec.draws_random else None
+        model = load_entrypoint(cfg, torch.nn.Module, "torch.nn.Module") if spec is None \
+            else build_model(spec, draws=self.draws)
         self.model = model.to(self.device)
         self.form, self.native = PLAIN, NativeInputs(spec.integer_input) if spec is not None else None
         if spec is None:  # the first forward also materialises lazy modules, before the optimizer takes them
@@ -101,7 +105,8 @@ class TorchBackend(Backend):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool) -> bool:
+    def train_step(self, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, apply: bool,
+                   keys: np.ndarray | None = None) -> bool:
         xt, yt = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
         wt = torch.from_numpy(sample_weight).to(self.device)
         padding = not sample_weight.any()  # an empty share: joins the allreduce, touches no statistics
@@ -110,7 +115,7 @@ class TorchBackend(Backend):
         seen = reading(self.form)
         try:
             with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None), \
-                    seen or nullcontext():
+                    seen or nullcontext(), keyed(self.draws, keys):
                 out = self.model(xt)
         finally:
             if padding:

@@ -10,6 +10,8 @@ from torch.nn import functional as F
 
 from hvtrain.model.spec import LayerSpec
 
+from .draws import HashedDropout, SampleDraws, dropped
+
 _ACT = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "gelu": F.gelu,
         "softmax": lambda x: torch.softmax(x, dim=-1)}
 
@@ -162,17 +164,20 @@ class PositionalEmbedding(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Keras's MultiHeadAttention, weight for weight: einsum projections to (heads, key_dim), query
     scaled by 1/sqrt(key_dim), softmax over keys (optionally causal), dropout on the weights, output
-    projection back to the query's width. Parameters are stored in the neutral layout."""
+    projection back to the query's width. Parameters are stored in the neutral layout. With
+    per-sample `draws`, a training forward with dropout computes the weights explicitly (Keras's
+    order: scaled query, scores, softmax, mask) to drop them by the hashed mask."""
 
     NAMES = ("query_kernel", "query_bias", "key_kernel", "key_bias", "value_kernel", "value_bias",
              "output_kernel", "output_bias")
 
-    def __init__(self, layer: LayerSpec):
+    def __init__(self, layer: LayerSpec, draws: SampleDraws | None = None):
         super().__init__()
         for w in layer.weights:
             self.register_parameter(w.name.rsplit(".", 1)[1], nn.Parameter(torch.zeros(w.shape)))
         self.key_dim, self.causal = layer.options["key_dim"], layer.options["causal"]
         self.dropout = nn.Dropout(layer.options["dropout"])
+        self.index, self.draws = layer.index, draws
 
     def forward(self, query: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
         source = query if source is None else source
@@ -188,12 +193,25 @@ class MultiHeadAttention(nn.Module):
         q = project(query, self.query_kernel, self.query_bias)
         key = project(source, self.key_kernel, self.key_bias)
         v = project(source, self.value_kernel, self.value_bias)
-        out = F.scaled_dot_product_attention(q, key, v, is_causal=self.causal,
-                                             dropout_p=self.dropout.p if self.training else 0.0,
-                                             scale=1.0 / math.sqrt(self.key_dim))
+        rate = self.dropout.p if self.training else 0.0
+        if rate and self.draws is not None:
+            out = self._hashed(q, key, v, rate)
+        else:
+            out = F.scaled_dot_product_attention(q, key, v, is_causal=self.causal, dropout_p=rate,
+                                                 scale=1.0 / math.sqrt(self.key_dim))
         out = out.transpose(1, 2).reshape(b * t, h * k)
         return torch.addmm(self.output_bias.to(out.dtype), out, self.output_kernel.reshape(h * k, d).to(out.dtype)
                            ).reshape(b, t, d)
+
+    def _hashed(self, q: torch.Tensor, key: torch.Tensor, v: torch.Tensor, rate: float) -> torch.Tensor:
+        scores = (q * torch.tensor(1.0 / math.sqrt(self.key_dim), dtype=q.dtype)) @ key.transpose(-1, -2)
+        if self.causal:  # query i sees keys 0..i
+            t, s = scores.shape[-2:]
+            allowed = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril()
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        weights = dropped(weights, self.draws.keep(self.index, weights, rate), rate)
+        return weights @ v
 
 
 class Merge(nn.Module):
@@ -211,16 +229,17 @@ class Merge(nn.Module):
         return out
 
 
-def build_layer(layer: LayerSpec, dtype_policy: str | None = None) -> nn.Module:
+def build_layer(layer: LayerSpec, dtype_policy: str | None = None, draws: SampleDraws | None = None) -> nn.Module:
     """The module of `layer`; a frozen one (`trainable: false`) has no parameter requiring a gradient
-    and, for batchnorm, normalises with its running statistics and leaves them unchanged (as Keras)."""
-    module = _build(layer)
+    and, for batchnorm, normalises with its running statistics and leaves them unchanged (as Keras).
+    `draws`: its dropout masks are per sample (hashed), else the torch generator's."""
+    module = _build(layer, draws)
     if not layer.trainable:
         module.requires_grad_(False)
     return module
 
 
-def _build(layer: LayerSpec) -> nn.Module:
+def _build(layer: LayerSpec, draws: SampleDraws | None) -> nn.Module:
     o, shape = layer.options, layer.input_shape
     kind = layer.type
     if kind == "dense":
@@ -234,7 +253,7 @@ def _build(layer: LayerSpec) -> nn.Module:
     if kind == "reshape":
         return Reshape(o["shape"])
     if kind == "dropout":
-        return nn.Dropout(o["rate"])
+        return nn.Dropout(o["rate"]) if draws is None else HashedDropout(o["rate"], layer.index, draws)
     if kind == "batchnorm":
         return BatchNorm(shape[-1], len(shape) == 3, o)
     if kind == "activation":
@@ -254,7 +273,7 @@ def _build(layer: LayerSpec) -> nn.Module:
     if kind == "positional_embedding":
         return PositionalEmbedding(o["max_len"], shape[-1])
     if kind == "multi_head_attention":
-        return MultiHeadAttention(layer)
+        return MultiHeadAttention(layer, draws)
     if kind in ("add", "multiply", "concatenate"):
         return Merge(kind, o.get("axis", -1))
     raise AssertionError(kind)

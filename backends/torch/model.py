@@ -14,6 +14,7 @@ from torch import nn
 from hvtrain.model.entrypoint import check_native_names
 from hvtrain.model.spec import INPUT, LayerSpec, ModelSpec, check_weights, from_layers, per_layer
 
+from .draws import SampleDraws
 from .layers import build_layer
 
 
@@ -24,10 +25,11 @@ class Graph(nn.Module):
     model; a pipeline stage's boundary tensors otherwise); `outputs` those returned (one tensor,
     or a tuple for several)."""
 
-    def __init__(self, layers: list[LayerSpec], sources: tuple[int, ...] = (INPUT,), outputs: tuple[int, ...] = ()):
+    def __init__(self, layers: list[LayerSpec], sources: tuple[int, ...] = (INPUT,), outputs: tuple[int, ...] = (),
+                 draws: SampleDraws | None = None):
         super().__init__()
         self.specs = layers
-        self.layers = nn.ModuleList([build_layer(layer) for layer in layers])
+        self.layers = nn.ModuleList([build_layer(layer, None, draws) for layer in layers])
         self.sources = sources
         self.outputs = outputs or (layers[-1].index,)
         last_use: dict[int, int] = {}
@@ -48,13 +50,15 @@ class Graph(nn.Module):
 
 
 def build_model(spec: ModelSpec, dtype_policy: str | None = None, sources: tuple[int, ...] = (INPUT,),
-                outputs: tuple[int, ...] = (), layers: list[LayerSpec] | None = None) -> Graph:
+                outputs: tuple[int, ...] = (), layers: list[LayerSpec] | None = None,
+                draws: SampleDraws | None = None) -> Graph:
     """The spec's graph (or `layers`, a pipeline stage, fed the producer tensors `sources` and
     returning `outputs`) in float32. `dtype_policy` (bf16/fp16 compute) is not a property of torch
-    modules: the backend and stages autocast at run time, so it only keeps the signature alike."""
+    modules: the backend and stages autocast at run time, so it only keeps the signature alike.
+    `draws`: dropout masks per sample (the caller sets each training batch's keys on it)."""
     if layers is None:
-        return Graph(spec.layers, sources, outputs or (spec.output_index,))
-    return Graph(layers, sources, outputs or (layers[-1].index,))
+        return Graph(spec.layers, sources, outputs or (spec.output_index,), draws)
+    return Graph(layers, sources, outputs or (layers[-1].index,), draws)
 
 
 def native_layers(model: Graph, layers: list[LayerSpec]) -> list[nn.Module]:

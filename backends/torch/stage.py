@@ -10,9 +10,11 @@ import torch
 
 from hvtrain.backends.stage import StageEngine
 from hvtrain.config.schema import Config
+from hvtrain.config.validate import per_sample_randomness
 from hvtrain.metrics.suite import MetricSet
-from hvtrain.model.spec import INPUT, ModelSpec, per_layer
+from hvtrain.model.spec import INPUT, ModelSpec, draws_random, per_layer
 
+from .draws import SampleDraws, keyed
 from .model import build_model, layer_from_native, layer_to_native
 from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
 
@@ -30,7 +32,8 @@ class TorchStage(StageEngine):
         self.horovod, self.cfg, self.replicas, self.process_set = horovod, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = torch.device("cpu" if device == "cpu" else f"cuda:{device.split(':')[1]}")
-        self.module = build_model(spec, None, sources, outputs, self.layers)
+        self.draws = SampleDraws() if per_sample_randomness(cfg) and draws_random(self.layers) else None
+        self.module = build_model(spec, None, sources, outputs, self.layers, self.draws)
         self.first = sources == (INPUT,) and self.layers[0].index == 0
         grouped = per_layer(spec, weights)
         for layer, native in zip(self.layers, self.module.layers, strict=True):
@@ -45,7 +48,7 @@ class TorchStage(StageEngine):
         self.saved: dict[int, int] = {}  # micro-batch -> bytes saved for its backward
         self.peak_bytes = 0
 
-    def _run(self, key: int, xs: list[np.ndarray], padding: bool
+    def _run(self, key: int, xs: list[np.ndarray], padding: bool, draws: np.ndarray | None
              ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
         inps = [torch.from_numpy(x).to(self.device) for x in xs]
         if not self.first:
@@ -63,7 +66,8 @@ class TorchStage(StageEngine):
         if padding:  # a zero-weight sample: no statistics updated
             self.module.eval()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, _unpack), self._autocast():
+            with torch.autograd.graph.saved_tensors_hooks(pack, _unpack), self._autocast(), \
+                    keyed(self.draws, draws):
                 out = self.module(*inps)
         finally:
             if padding:
@@ -78,14 +82,15 @@ class TorchStage(StageEngine):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast)
 
-    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False) -> list[np.ndarray]:
-        inps, outs = self._run(key, xs, padding)
+    def forward(self, key: int, xs: list[np.ndarray], padding: bool = False,
+                draws: np.ndarray | None = None) -> list[np.ndarray]:
+        inps, outs = self._run(key, xs, padding, draws)
         self.graphs[key] = (inps, outs)
         return [o.detach().float().cpu().numpy() for o in outs]
 
     def forward_loss(self, key: int, xs: list[np.ndarray], y: np.ndarray, sample_weight: np.ndarray,
-                     scale: float = 1.0) -> float:
-        inps, (out,) = self._run(key, xs, not sample_weight.any())
+                     scale: float = 1.0, draws: np.ndarray | None = None) -> float:
+        inps, (out,) = self._run(key, xs, not sample_weight.any(), draws)
         loss = (self.loss_fn(out.float(), torch.from_numpy(y).to(self.device)) *
                 torch.from_numpy(sample_weight).to(self.device)).sum()
         value = float(loss.detach())

@@ -168,6 +168,11 @@ class TrainConfig:
     checkpoint_unit: Literal["epoch", "step"] = "epoch"
     keep: int = _ranged(3, lo=1)  # newest checkpoints kept
     on_nan: Literal["stop", "skip"] = "stop"  # non-finite loss: stop with step and rank, or skip the update
+    # the catalogue's dropout masks (dropout layers, attention dropout). per_sample: a hash of (seed, epoch,
+    # sample, layer, element), the same masks on any rank count, after any resume and in both frameworks;
+    # per_rank: each rank's framework stream (what a model.entrypoint model's own layers always draw from).
+    # auto: per_sample for model.layers, per_rank for model.entrypoint.
+    randomness: Literal["auto", "per_sample", "per_rank"] = "auto"
     elastic_commit_every: int = _ranged(20, lo=1)  # --elastic: optimizer steps between in-memory state commits
     signal_check_every: int = _ranged(10, lo=1)  # steps between world-wide checks for SIGTERM/SIGUSR1
     # a host unanswering this long while training waits is lost: end the job (0: off); hosts are knocked on

@@ -176,6 +176,10 @@ def validate(cfg: Config, need_data: bool = True) -> None:
         raise cfg.fail("model.input_shape", "required with model.layers")
     if m.input_shape is not None and not m.input_shape:  # each value's range: the schema's
         raise cfg.fail("model.input_shape", f"expected a list of positive integers, got {m.input_shape}")
+    if cfg.train.randomness == "per_sample" and m.entrypoint is not None:
+        raise cfg.fail("train.randomness", "per_sample draws the catalogue's dropout masks (model.layers); a "
+                       "model.entrypoint model's layers draw from their framework's per-rank streams: set per_rank "
+                       "or auto")
     classification = cfg.loss in ("cross_entropy", "binary_cross_entropy")
     if "metrics" not in cfg.lines and not classification:
         cfg.metrics = ["mse", "mae"]  # the default [accuracy] is for classification losses
@@ -205,6 +209,16 @@ def per_replica_batch(cfg: Config, replicas: int) -> int:
                        + ", ".join(map(str, fits[:12])) + (" ..." if len(fits) > 12 else ""))
     cfg.data.batch_size = g // (replicas * acc)
     return cfg.data.batch_size
+
+
+def per_sample_randomness(cfg: Config) -> bool:
+    """Whether the catalogue's dropout masks are drawn per sample (train.randomness, auto resolved)."""
+    return cfg.model.entrypoint is None and cfg.train.randomness != "per_rank"
+
+
+def draws_seed(cfg: Config) -> int | None:
+    """The seed the step runners key per-sample dropout masks by, None under per-rank streams."""
+    return cfg.seed if per_sample_randomness(cfg) else None
 
 
 def experiment_record(cfg: Config) -> dict:

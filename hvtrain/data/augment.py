@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-AUGMENT_KEY = 0xA067
+from hvtrain.data.draws import uniforms
 
 
 @dataclass(frozen=True)
@@ -114,27 +114,6 @@ class Augment:
 TRIES = 10  # the resized crop's tries: 4 draws each (area, log aspect ratio, top, left)
 CROP, FLIP, BRIGHTNESS, CONTRAST = 4 * TRIES, 4 * TRIES + 2, 4 * TRIES + 3, 4 * TRIES + 4
 DRAWS = 4 * TRIES + 5
-_GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_MASK = (1 << 64) - 1
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (a bijection of uint64 with full avalanche), elementwise."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
-def uniforms(seed: int, epoch: int, samples: np.ndarray, count: int) -> np.ndarray:
-    """(len(samples), count) float64 draws in [0, 1): a counter-based generator, draw j of sample s
-    a hash of (seed, epoch, s, j) alone, so the draws of one sample do not depend on the batch,
-    the rank or the world size, and a whole batch's come from a few integer array operations."""
-    with np.errstate(over="ignore"):
-        key = _mix(np.array([(int(seed) ^ (AUGMENT_KEY << 32)) & _MASK], np.uint64) + _GOLDEN)
-        key = _mix(key + np.uint64(int(epoch) & _MASK) * _GOLDEN)
-        per = _mix(key + np.asarray(samples, np.int64).astype(np.uint64)[:, None] * _GOLDEN)
-        z = _mix(per + (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)[None, :])
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def _integers(u: np.ndarray, high: int) -> np.ndarray:

@@ -25,6 +25,7 @@ class Batch:
     indices: np.ndarray
     weights: np.ndarray
     apply: bool  # last micro-batch of an optimizer step
+    epoch: int = 0  # with `indices`, what names each sample's per-sample draws (hvtrain.data.draws)
 
 
 def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -35,7 +36,7 @@ def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarra
 
 
 def shard_batches(order: np.ndarray, batch_size: int, rank: int, size: int,
-                  accumulation: int = 1) -> Iterator[Batch]:
+                  accumulation: int = 1, epoch: int = 0) -> Iterator[Batch]:
     """Rank `rank`'s batches: global micro-batch k is order[k*B:(k+1)*B] with B = size*batch_size,
     of which the rank takes every size-th sample starting at `rank`.
 
@@ -52,7 +53,7 @@ def shard_batches(order: np.ndarray, batch_size: int, rank: int, size: int,
             weights = np.full(len(local), 1.0 / total, np.float32)
             if len(local) == 0:
                 local, weights = g[:1], np.zeros(1, np.float32)
-            yield Batch(local, weights, apply=j == len(group) - 1)
+            yield Batch(local, weights, apply=j == len(group) - 1, epoch=epoch)
 
 
 def steps_per_epoch(n: int, batch_size: int, size: int, accumulation: int = 1) -> int:

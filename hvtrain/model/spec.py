@@ -54,6 +54,12 @@ class LayerSpec:
         return sum(math.prod(w.shape) for w in self.weights if w.trainable)
 
 
+def draws_random(layers: list[LayerSpec]) -> bool:
+    """A layer draws random numbers in training: a dropout, or attention dropout (rate > 0)."""
+    return any(layer.type == "dropout" and layer.options["rate"] > 0 or layer.options.get("dropout", 0.0) > 0
+               for layer in layers)
+
+
 @dataclass
 class ModelSpec:
     input_shape: tuple[int, ...]
@@ -76,6 +82,10 @@ class ModelSpec:
     def integer_input(self) -> bool:
         """An embedding reads the model input: inputs are token ids, not features."""
         return any(layer.type == "embedding" and INPUT in layer.inputs for layer in self.layers)
+
+    @property
+    def draws_random(self) -> bool:
+        return draws_random(self.layers)
 
     @property
     def sequential(self) -> bool:

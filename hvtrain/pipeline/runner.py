@@ -24,8 +24,10 @@ from hvtrain.backends.base import Collectives
 from hvtrain.backends.stage import StageEngine
 from hvtrain.backends.steps import EVAL_BATCH, StepRunner
 from hvtrain.config.schema import Config
+from hvtrain.config.validate import draws_seed
 from hvtrain.data.batches import Batch, shard_eval
 from hvtrain.data.dataset import Split
+from hvtrain.data.draws import dropout_keys
 from hvtrain.metrics.suite import MetricSet
 from hvtrain.model.spec import ModelSpec
 from hvtrain.pipeline.plan import PipelinePlan
@@ -82,6 +84,7 @@ class PipelineSteps(StepRunner):
         # Every rank joins the flag allreduce when any rank may decide to skip.
         self.agree = self.scaler.enabled or cfg.train.on_nan == "skip"
         self._nonfinite = False  # a loss of this step's batches so far was not finite
+        self.draws_seed = draws_seed(cfg)
 
     def describe(self) -> str:
         p = self.plan
@@ -118,6 +121,7 @@ class PipelineSteps(StepRunner):
         from hvtrain.pipeline.schedule import stage_ops
 
         idx, w = batch.indices, batch.weights
+        keys = None if self.draws_seed is None else dropout_keys(self.draws_seed, batch.epoch, idx)
         chunks = np.array_split(np.arange(len(idx)), min(self.plan.micro_batches, len(idx)))
         sends, live, finite = [], 0, True
         for kind, m in stage_ops(self.plan.schedule, self.plan.num_stages, self.s, len(chunks)):
@@ -125,10 +129,12 @@ class PipelineSteps(StepRunner):
             if kind == "F":
                 xs = [x[sel]] if self.first else self._recv(self.prev, len(sel), self.in_shapes, 2 * m)
                 if self.last:
-                    loss = self.engine.forward_loss(m, xs, y[sel], w[sel], self.scaler.scale)
+                    loss = self.engine.forward_loss(m, xs, y[sel], w[sel], self.scaler.scale,
+                                                    None if keys is None else keys[sel])
                     finite = finite and bool(np.isfinite(loss))
                 else:
-                    self._send(self.engine.forward(m, xs, padding=not w[sel].any()), self.next, 2 * m, sends)
+                    self._send(self.engine.forward(m, xs, not w[sel].any(), None if keys is None else keys[sel]),
+                               self.next, 2 * m, sends)
                 live += 1
                 self.peak_in_flight = max(self.peak_in_flight, live)
             else:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hvtrain.config.validate import experiment_record
+from hvtrain.config.validate import experiment_record, per_sample_randomness
 from hvtrain.errors import HvtrainError
 from hvtrain.io.checkpoints import Checkpoint, decode, encode, find_resume, new_run_id, remove_orphans, save, where
 from hvtrain.io.reporter import Reporter
@@ -88,17 +88,21 @@ class CheckpointManager:
         state = decode(rt.scatter_bytes(blobs))
         b, before, now = self.cfg.data.batch_size, meta["replicas"], replicas
         g = self.cfg.data.global_batch_size
+        # per sample, a sample's dropout masks are what they were: only framework streams move
+        masks = " and dropout masks (per sample)" if per_sample_randomness(self.cfg) else ""
+        streams = "" if masks else "; per-rank random streams reseeded"
         if same_world:
             changed = ""
         elif g is not None:  # the same steps, samples and schedule: only who computes which part moved
             acc = self.cfg.train.grad_accumulation
             changed = (f"; world size changed {meta['world_size']} -> {info.size}: global batch {g} kept "
-                       f"({g // (before * acc)} -> {b} per replica), the same data order and lr schedule"
-                       + "; per-rank random streams reseeded")
+                       f"({g // (before * acc)} -> {b} per replica), the same data order, lr schedule{masks}"
+                       + streams)
         else:
             changed = (f"; world size changed {meta['world_size']} -> {info.size}" + (
                 f": global batch {b * before} -> {b * now}" if before != now else "")
-                + ", per-rank random streams reseeded" + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
+                + (", dropout masks per sample unchanged" if masks else ", per-rank random streams reseeded")
+                + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
         self.reporter.notice(f"resumed from {header['path']} ({where(meta)}){changed}")
         return Resumed(header["path"], meta, state, same_world)
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from hvtrain.config.schema import Config
-from hvtrain.config.validate import per_replica_batch
+from hvtrain.config.validate import draws_seed, per_replica_batch
 from hvtrain.errors import ConfigError
 from hvtrain.io import tensorboard as tbevents
 from hvtrain.launch.process import affinity, elastic_launch, launch_rank
@@ -170,7 +170,7 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
         note = s.backend.output_form().note(cfg.model.entrypoint) if p.spec is None else None
         if note:
             reporter.notice(note)
-        steps = DataParallelSteps(s.backend, rt, metrics)
+        steps = DataParallelSteps(s.backend, rt, metrics, draws_seed(cfg))
         layout = None
     else:
         from hvtrain.pipeline.runner import PipelineSteps

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from hvtrain.config.schema import Config
+from hvtrain.config.validate import per_sample_randomness
 from hvtrain.data.batches import epoch_permutation, shard_batches, steps_per_epoch
 from hvtrain.data.loader import Prefetcher
 from hvtrain.errors import HvtrainError, Preempted
@@ -101,6 +102,8 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
                    f"global batch {global_batch * acc}, {n_steps} steps/epoch"
                    + (f", augment: {data.train.augment.describe()}" if data.train.augment else "")
                    + (f", {cfg.data.workers} data worker(s) per rank" if cfg.data.workers else "")
+                   + (f", dropout masks {'per sample' if per_sample_randomness(cfg) else 'per rank'}"
+                      if run.spec is not None and run.spec.draws_random else "")
                    + (f", {run.spec.param_count:,} parameters" if run.spec else ""))
     current_lr = None
     step = pos.step
@@ -123,7 +126,7 @@ def _epochs(run: Run, pos: Position, commit: Callable[[Position], None] | None) 
         micro = 0
         bad_steps: list[int] = []  # on_nan: skip: steps with a non-finite loss on this rank
         step_bad = False
-        batches = shard_batches(order, b, steps.replica, steps.replicas, acc)
+        batches = shard_batches(order, b, steps.replica, steps.replicas, acc, epoch)
         with Prefetcher(data.train, batches, cfg.data.prefetch, steps.needs_x, steps.needs_y,
                         epoch, run.data_workers) as loader:
             for batch, x, y in loader:

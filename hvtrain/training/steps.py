@@ -15,6 +15,7 @@ import numpy as np
 from hvtrain.backends.steps import EVAL_BATCH, StepRunner
 from hvtrain.data.batches import Batch, shard_eval
 from hvtrain.data.dataset import Split
+from hvtrain.data.draws import dropout_keys
 
 if TYPE_CHECKING:
     from hvtrain.backends.base import Backend
@@ -26,13 +27,16 @@ if TYPE_CHECKING:
 class DataParallelSteps(StepRunner):
     """The whole model on every rank; Horovod averages gradients inside the backend's step."""
 
-    def __init__(self, backend: Backend, runtime: Runtime, metrics: MetricSet | None = None) -> None:
+    def __init__(self, backend: Backend, runtime: Runtime, metrics: MetricSet | None = None,
+                 draws_seed: int | None = None) -> None:
         """The backend's whole model on this rank.
 
         Args:
             metrics: what eval_sums computes (None: this runner is never evaluated, measure_step).
+            draws_seed: the seed of per-sample dropout masks (hvtrain.config.validate.draws_seed; None:
+                the framework's per-rank streams).
         """
-        self.backend, self.runtime, self.metrics = backend, runtime, metrics
+        self.backend, self.runtime, self.metrics, self.draws_seed = backend, runtime, metrics, draws_seed
         self.shard, self.owns_shard = "model", runtime.info.is_main
         self.refresh()
 
@@ -48,7 +52,8 @@ class DataParallelSteps(StepRunner):
         self.backend.set_lr(lr)
 
     def train_batch(self, batch: Batch, x: np.ndarray | None, y: np.ndarray | None) -> bool:
-        return self.backend.train_step(x, y, batch.weights, batch.apply)
+        keys = None if self.draws_seed is None else dropout_keys(self.draws_seed, batch.epoch, batch.indices)
+        return self.backend.train_step(x, y, batch.weights, batch.apply, keys)
 
     def loss_sum(self, reset: bool = False) -> float:
         return self.backend.loss_sum(reset)

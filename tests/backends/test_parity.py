@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hvtrain.data.batches import epoch_permutation, shard_batches
+from hvtrain.data.draws import dropout_keys
 from tests.backends.conftest import make_backend
 
 MODELS = ["mlp", "cnn", "lstm", "gru", "catalogue_residual", "catalogue_sequence", "digits_resnet",
@@ -85,15 +86,19 @@ def test_whole_catalogue_builds_agrees_and_trains(config):
     (pt, p), (tf, _) = both(config)
     x = p.data.x_val[:40]
     assert np.abs(pt.predict(x) - tf.predict(x)).max() <= 1e-5  # eval mode: dropout off, BN moving stats
+    keys = dropout_keys(p.cfg.seed, 0, np.arange(32))  # per-sample dropout: the same masks in both
+    losses = []
     for engine in (pt, tf):
         before = engine.get_weights()
         engine.loss_sum(reset=True)
-        engine.train_step(p.data.x_train[:32], p.data.y_train[:32], np.full(32, 1 / 32, np.float32), True)
-        assert np.isfinite(engine.loss_sum())
+        engine.train_step(p.data.x_train[:32], p.data.y_train[:32], np.full(32, 1 / 32, np.float32), True, keys)
+        losses.append(engine.loss_sum())
+        assert np.isfinite(losses[-1])
         after = engine.get_weights()
         moved = {k for k in before if not np.array_equal(before[k], after[k])}
         trainable = {w.name for w in p.spec.weight_specs() if w.trainable}
         assert trainable <= moved, sorted(trainable - moved)  # every trainable weight learned
+    assert abs(losses[0] - losses[1]) <= 1e-5 * losses[0], losses  # a training forward: the same dropout masks
 
 
 @pytest.mark.parametrize("optimizer", [

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hvtrain.backends.base import get_backend
+from hvtrain.data.draws import dropout_keys, keep_mask
 from hvtrain.model.spec import INPUT
 from hvtrain.pipeline.schedule import stage_ops
 from hvtrain.runtime.experiment import prepare
@@ -27,23 +28,30 @@ def stage(name: str, config: str, layers: list[int], sources: tuple[int, ...], o
                                rt, None), p
 
 
-def test_dropout_backward_uses_each_micro_batchs_own_mask(backend_name):
+@pytest.mark.parametrize("randomness", ["per_sample", "per_rank"])
+def test_dropout_backward_uses_each_micro_batchs_own_mask(backend_name, randomness):
     """A stage of dropout then a linear dense layer: out = (x * mask / keep) W + b, and with
     d loss / d out = 1, d loss / d x = (1 W^T) * mask / keep is zero exactly where the mask is. The
     mask read off each backward must reproduce that micro-batch's forward output. Two micro-batches
-    live at once, backwards in the other order (GPipe's)."""
-    s, _ = stage(backend_name, DROPOUT, [1, 2], (0,), (2,), "model.layers.2.activation=linear")
+    live at once, backwards in the other order (GPipe's). Per sample, the mask is the one
+    hvtrain.data.draws.keep_mask gives the micro-batch's samples, element for element (issue 24)."""
+    s, p = stage(backend_name, DROPOUT, [1, 2], (0,), (2,), "model.layers.2.activation=linear",
+                 f"train.randomness={randomness}")
     weights = s.get_weights()
     kernel, bias, keep = weights["layers.2.kernel"], weights["layers.2.bias"], 0.7
     rng = np.random.default_rng(0)
     xs = [rng.uniform(1.0, 2.0, (16, 128)).astype(np.float32) for _ in range(2)]
-    outs = [s.forward(m, [x])[0] for m, x in enumerate(xs)]
+    keys = [dropout_keys(p.cfg.seed, 3, np.arange(16 * m, 16 * m + 16)) for m in (0, 1)]
+    draws = keys if randomness == "per_sample" else [None, None]
+    outs = [s.forward(m, [x], draws=draws[m])[0] for m, x in enumerate(xs)]
     masks = {m: s.backward(m, [np.ones_like(outs[m])])[0] != 0 for m in (1, 0)}
     assert not np.array_equal(masks[0], masks[1]), "the micro-batches' masks should differ"
     for m in (0, 1):
         assert 0.5 < masks[m].mean() < 0.9
         np.testing.assert_allclose(outs[m], (xs[m] * masks[m] / keep) @ kernel + bias, rtol=1e-5, atol=1e-5,
                                    err_msg=f"micro-batch {m}")
+        if randomness == "per_sample":
+            np.testing.assert_array_equal(masks[m], keep_mask(keys[m], 1, (128,), 0.3))
 
 
 def test_batchnorm_statistics_move_once_per_micro_batch(backend_name):
@@ -70,8 +78,9 @@ def test_tensorflow_stage_traces_each_call_once():
     for m, (n, scale) in enumerate([(5, 1.0), (4, 2.0), (4, 0.5), (3, 1.0)]):
         padding = m == 3
         w = np.full(n, 0.0 if padding else 1.0 / n, np.float32)
-        h = first.forward(m, [x[:n]], padding=padding)
-        last.forward_loss(m, h, y[:n], w, scale)
+        keys = dropout_keys(p.cfg.seed, 0, np.arange(n))
+        h = first.forward(m, [x[:n]], padding, keys)
+        last.forward_loss(m, h, y[:n], w, scale, keys)
         first.backward(m, last.backward(m, None))
         for st in (first, last):
             st.reduce_gradients(1.0 / scale, check_finite=m % 2 == 0)

@@ -1,6 +1,7 @@
 """data.global_batch_size across world sizes (issue 24), real mpirun runs: one config trains to the
 same weights on 1, 2 and 4 ranks, and a checkpoint made mid-epoch on 2 ranks resumes on 1 (and one
-made on 1 resumes on 2) to the weights of the uninterrupted run, in both frameworks."""
+made on 1 resumes on 2) to the weights of the uninterrupted run, in both frameworks; with dropout,
+whose masks are drawn per sample (train.randomness: per_sample, the default)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from tests.conftest import load_weights, max_abs_diff, run
 from tests.support.launch import BACKENDS, mpirun
 
 # digits: 1437 training rows, 23 steps of 64 an epoch (the last one 29 rows: its split over the
-# ranks is uneven, and still the same step); no dropout (its per-rank streams are another matter)
+# ranks is uneven, and still the same step)
 CONFIG = """name: gb
 seed: 7
 data: {dataset: 'sklearn:digits', global_batch_size: 64, normalize: standard}
-model: {input_shape: [64], layers: [{type: dense, units: 32, activation: relu}, {type: dense, units: 10}]}
+model: {input_shape: [64], layers: [{type: dense, units: 32, activation: relu}, {type: dropout, rate: 0.25},
+                                   {type: dense, units: 10}]}
 optimizer: {name: adam, lr: 0.003, warmup_epochs: 1}
 train: {epochs: 3, threads: 1, checkpoint_unit: step, checkpoint_every: 10, keep: 20}
 """
@@ -36,7 +38,7 @@ def gap(tmp_path, a: str, b: str) -> float:
 def test_one_global_batch_is_the_same_training_on_any_world_and_resumes_across_worlds(tmp_path, backend):
     (tmp_path / "gb.yaml").write_text(CONFIG)
     said = train(tmp_path, 2, "np2", backend)
-    assert "global batch 64, 23 steps/epoch" in said, said
+    assert "global batch 64, 23 steps/epoch" in said and "dropout masks per sample" in said, said
     train(tmp_path, 1, "np1", backend)
     assert gap(tmp_path, "np1", "np2") <= 1e-6
     if backend == BACKENDS[0]:  # four ranks once: the derivation, not the framework, is what changes
@@ -48,7 +50,7 @@ def test_one_global_batch_is_the_same_training_on_any_world_and_resumes_across_w
         said = train(tmp_path, resumed, f"{made}-on-{resumed}", backend, "--resume", str(mid))
         was = 2 if made == "np2" else 1
         assert (f"world size changed {was} -> {resumed}: global batch 64 kept ({64 // was} -> {64 // resumed} per "
-                "replica), the same data order and lr schedule") in said, said
+                "replica), the same data order, lr schedule and dropout masks (per sample)") in said, said
         assert gap(tmp_path, made, f"{made}-on-{resumed}") <= 1e-6, f"{made} resumed on {resumed} rank(s)"
 
 
