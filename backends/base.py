@@ -115,6 +115,10 @@ class Backend(ABC):
         """The world size changed (elastic reset): adapt size-dependent compiled state."""
 
     @abstractmethod
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (1/N of it under train.shard_optimizer)."""
+
+    @abstractmethod
     def loss_sum(self, reset: bool = False) -> float:
         """Local sum of weighted training losses since the last reset (a host sync)."""
 

@@ -74,6 +74,10 @@ class StepRunner(ABC):
     def refresh(self) -> None:  # noqa: B027 - a layout whose world cannot change (pipelines) has nothing to read
         """Read the world again after an elastic reset (this rank's replica index and the width)."""
 
+    def optimizer_state_bytes(self) -> int | None:
+        """Bytes of optimizer state this rank holds (None: not measured for this layout)."""
+        return None
+
     def summary(self) -> dict[str, Any]:
         """Layout facts for summary.json (gathered from every rank by the caller)."""
         return {}

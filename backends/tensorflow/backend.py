@@ -233,6 +233,9 @@ class TensorFlowBackend(Backend):
     def on_world_change(self) -> None:
         self._compile()  # the world size is baked into the compiled steps
 
+    def optimizer_state_bytes(self) -> int:
+        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables)
+
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self.loss_acc.numpy())
         if reset:

@@ -24,7 +24,8 @@ from .export import export as export_model
 from .export import load as load_exported
 from .model import build_model, from_native, to_native
 from .native import reading, reads, returned, scores
-from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
+from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, state_bytes, training_state
+from .shard import ShardedOptimizer
 from .stage import TorchStage
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -79,7 +80,10 @@ class TorchBackend(Backend):
         self.optimizer = make_optimizer(cfg, self.model)
         if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
             runtime.horovod.broadcast_model(self.model, self.optimizer)
-        if runtime.distributed:
+        if cfg.train.shard_optimizer:  # replaces the whole-state optimizer (still without state)
+            self.optimizer = ShardedOptimizer(cfg, [p for p in self.model.parameters() if p.requires_grad],
+                                              runtime.horovod, runtime.info.rank, runtime.info.size)
+        elif runtime.distributed:
             self.optimizer = runtime.horovod.distributed_optimizer(
                 self.optimizer, self.model, cfg.train.compression, cfg.train.grad_accumulation,
                 cfg.horovod.num_groups)
@@ -162,6 +166,9 @@ class TorchBackend(Backend):
             step()
 
     def discard_gradients(self) -> None:
+        if isinstance(self.optimizer, ShardedOptimizer):  # the .grad tensors are views of its buffer
+            self.optimizer.zero_grad()
+            return
         # Horovod's restore (optimizer.load_state_dict) already dropped its pending handles; the
         # .grad tensors and the micro-batch counters of an unfinished step are ours to reset.
         for p in self.model.parameters():
@@ -171,6 +178,11 @@ class TorchBackend(Backend):
 
     def on_world_change(self) -> None:
         pass  # sizes are read from the runtime at every step
+
+    def optimizer_state_bytes(self) -> int:
+        if isinstance(self.optimizer, ShardedOptimizer):
+            return self.optimizer.state_bytes()
+        return state_bytes(self.optimizer.state)
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self._loss_acc)

@@ -46,9 +46,10 @@ def _mae(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 LOSSES = {"cross_entropy": _ce, "binary_cross_entropy": _bce, "mse": _mse, "mae": _mae}
 
 
-def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: Config, model: torch.nn.Module | list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """cfg.optimizer over the trainable parameters of `model` (a module, or the parameters themselves)."""
     o = cfg.optimizer
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in (model.parameters() if isinstance(model, torch.nn.Module) else model) if p.requires_grad]
     if o.name == "sgd":
         return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
                                weight_decay=o.weight_decay)
@@ -57,6 +58,11 @@ def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer
         return cls(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     return torch.optim.RMSprop(params, lr=o.lr, alpha=o.rho, eps=o.eps, momentum=o.momentum,
                                weight_decay=o.weight_decay)
+
+
+def state_bytes(state: dict[Any, dict[str, Any]]) -> int:
+    """Bytes of an optimizer's state tensors (its `state`: parameter -> name -> value)."""
+    return sum(v.numel() * v.element_size() for s in state.values() for v in s.values() if torch.is_tensor(v))
 
 
 def eval_sums(loss: str, out: np.ndarray, y: np.ndarray, metrics: MetricSet | None = None,

@@ -176,6 +176,8 @@ def validate(cfg: Config, need_data: bool = True) -> None:
         raise cfg.fail("model.input_shape", "required with model.layers")
     if m.input_shape is not None and not m.input_shape:  # each value's range: the schema's
         raise cfg.fail("model.input_shape", f"expected a list of positive integers, got {m.input_shape}")
+    if cfg.train.shard_optimizer:
+        _check_sharding(cfg)
     if cfg.train.randomness == "per_sample" and m.entrypoint is not None:
         raise cfg.fail("train.randomness", "per_sample draws the catalogue's dropout masks (model.layers); a "
                        "model.entrypoint model's layers draw from their framework's per-rank streams: set per_rank "
@@ -184,6 +186,23 @@ def validate(cfg: Config, need_data: bool = True) -> None:
     if "metrics" not in cfg.lines and not classification:
         cfg.metrics = ["mse", "mae"]  # the default [accuracy] is for classification losses
     parse_metrics(cfg)
+
+
+def _check_sharding(cfg: Config) -> None:
+    """What train.shard_optimizer does not cover yet: refused at the key that asks for it."""
+    t = cfg.train
+    refusals = [
+        (cfg.backend != "torch", f"is built for backend torch; got {cfg.backend} (TensorFlow: not yet)"),
+        (cfg.parallel.pipeline.stages > 1, "is built for data parallelism; pipelined stages are not sharded yet"),
+        (t.precision == "fp16", "and train.precision fp16 (the loss scale's skip decision) are not combined yet; "
+                                "bf16 or fp32 shard"),
+        (t.on_nan == "skip", "and train.on_nan: skip are not combined yet"),
+        (t.compression != "none", "reduce-scatters full-precision gradients; train.compression fp16 is not "
+                                  "combined with it yet"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise cfg.fail("train.shard_optimizer", why)
 
 
 def _is_entrypoint(text: str) -> bool:

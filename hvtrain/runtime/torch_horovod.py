@@ -49,6 +49,14 @@ class TorchHorovod:
         return grouped_allreduce(hvd, tensors, num_groups, name, op=hvd.Average,
                                  compression=self.compression(compression), **kwargs)
 
+    def reducescatter_mean(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """Rank r's 1/size of `tensor` (split on its first axis), averaged over the ranks."""
+        return hvd.reducescatter(tensor, name=name, op=hvd.Average)
+
+    def allgather(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """Every rank's `tensor`, concatenated in rank order on the first axis."""
+        return hvd.allgather(tensor, name=name)
+
     def elastic_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str, Any],
                       scaler: Any = None) -> Any:
         """hvd.elastic.TorchState (model and optimizer saved, restored, synced from rank 0) plus the

@@ -66,6 +66,9 @@ def train(config: ConfigSource, backend: str | None = None, output_dir: str | No
                               "B --host-discovery-script SCRIPT hvtrain train CONFIG --elastic")
         if elastic and p.cfg.pipelined:
             raise ConfigError("--elastic: pipelined runs cannot be elastic (stages are bound to ranks)")
+        if elastic and p.cfg.train.shard_optimizer:
+            raise p.cfg.fail("train.shard_optimizer", "--elastic runs keep the whole optimizer state on every rank "
+                             "(Horovod's state sync); a sharded one is not built for elastic yet")
         if p.cfg.pipelined:
             from hvtrain.launch.process import launched_with_gloo
 

@@ -49,7 +49,7 @@ def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any
                            "same model); the run's outputs were not written")
     layout = run.steps.summary()
     per_rank = run.runtime.allgather_object(layout.pop("rank", None)) if "rank" in layout else None
-    usage = run.runtime.allgather_object((peak_rss_mb(), run.data_wait))
+    usage = run.runtime.allgather_object((peak_rss_mb(), run.data_wait, run.steps.optimizer_state_bytes()))
     run.reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, run.spec, run.data, run.checkpoints.inputs))
     run.reporter.write_arrays(SCORES_FILE, final_scores(run, result))
     summary = {
@@ -62,6 +62,8 @@ def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any
         "total_seconds": time.perf_counter() - t0, "weights": WEIGHTS_FILE, "replicas_agree": agree,
         "peak_rss_mb": {"max": max(u[0] for u in usage), "rank0": usage[0][0], "ranks": [u[0] for u in usage]},
         "data_wait_seconds": {"max": max(u[1] for u in usage), "rank0": usage[0][1]},
+        **({"optimizer_state_bytes": {"max": max(u[2] for u in usage), "ranks": [u[2] for u in usage]},
+            "shard_optimizer": cfg.train.shard_optimizer} if usage[0][2] is not None else {}),
         **({"pipeline": {**layout, "ranks": per_rank}} if per_rank is not None else {}),
         **({"series": series_summary(run.data.series, result)} if run.data.series else {}),
         **extra, "config_hash": training_hash(cfg), "data_hash": run.data.content_hash(),

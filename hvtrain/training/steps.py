@@ -82,6 +82,9 @@ class DataParallelSteps(StepRunner):
     def discard_gradients(self) -> None:
         self.backend.discard_gradients()
 
+    def optimizer_state_bytes(self) -> int | None:
+        return self.backend.optimizer_state_bytes()
+
 
 def digest(weights: dict[str, np.ndarray]) -> str:
     """Bitwise fingerprint of a weight set (replicas of one shard must agree)."""
