@@ -32,7 +32,16 @@ from .export import export as export_model  # noqa: E402
 from .export import load as load_exported  # noqa: E402
 from .model import build_model, from_native, to_native  # noqa: E402
 from .native import reads, returned, scores  # noqa: E402
-from .ops import LOSSES, eval_sums, is_rng, load_training_state, make_optimizer, training_state  # noqa: E402
+from .ops import (  # noqa: E402
+    LOSSES,
+    eval_sums,
+    is_rng,
+    load_training_state,
+    make_optimizer,
+    state_bytes,
+    training_state,
+)
+from .shard import ShardedOptimizer  # noqa: E402
 from .stage import TensorFlowStage  # noqa: E402
 
 POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -97,15 +106,20 @@ class TensorFlowBackend(Backend):
             self.model = build_model(spec, policy, draws=self.draws)
         if weights is not None:
             self.set_weights(weights)
-        self.optimizer = make_optimizer(cfg, self.model)
         self.train_vars = self.model.trainable_variables
+        sharded = cfg.train.shard_optimizer  # its optimizer is built on the broadcast weights (no whole state)
+        self.optimizer = None if sharded else make_optimizer(cfg, self.model)
         if cfg.train.precision == "fp16":
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             self.optimizer.build(self.train_vars)
         if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
             # RNG (seed generator) states stay per rank, everything else comes from rank 0
             runtime.horovod.broadcast([v for v in self.model.variables if not is_rng(v)])
-            runtime.horovod.broadcast(self.optimizer.variables)
+            if not sharded:
+                runtime.horovod.broadcast(self.optimizer.variables)
+        if sharded:
+            self.optimizer = ShardedOptimizer(cfg, self.train_vars, runtime.horovod, runtime.info.rank,
+                                              runtime.info.size)
         if spec is None:  # decided on the broadcast weights: the same on every rank
             x = example.astype(np.int64) if self.native.token_ids else example
             self.form = decide_form(cfg, returned(cfg, self.model, x), len(x), num_outputs, form,
@@ -166,9 +180,8 @@ class TensorFlowBackend(Backend):
 
         accumulating = self.cfg.train.grad_accumulation > 1  # else the accumulator stays zero: skip it
 
-        def apply(x, y, w, k, training):
-            local, loss = local_grads(x, y, w, k, training)
-            grads = [acc + g for acc, g in zip(self.accum, local, strict=True)] if accumulating else local
+        def whole_update(grads):
+            """Average over the ranks, L2, and one optimizer step on every variable (the whole state)."""
             if distributed:
                 grads = horovod.average(grads, self.cfg.horovod.num_groups, "hvtrain.grads", self.cfg.train.compression)
             if self.l2:  # L2 on the gradient; loss-scaled gradients get the term scaled alike
@@ -187,6 +200,14 @@ class TensorFlowBackend(Backend):
                 tf.cond(finite, update, lambda: tf.constant(False))
             else:
                 self.optimizer.apply(grads, self.train_vars)
+
+        def apply(x, y, w, k, training):
+            local, loss = local_grads(x, y, w, k, training)
+            grads = [acc + g for acc, g in zip(self.accum, local, strict=True)] if accumulating else local
+            if isinstance(self.optimizer, ShardedOptimizer):  # reduce-scatter, update 1/N, allgather
+                self.optimizer.apply(grads, self.l2)
+            else:
+                whole_update(grads)
             if accumulating:
                 for acc in self.accum:
                     acc.assign(tf.zeros_like(acc))
@@ -234,7 +255,9 @@ class TensorFlowBackend(Backend):
         self._compile()  # the world size is baked into the compiled steps
 
     def optimizer_state_bytes(self) -> int:
-        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables)
+        if isinstance(self.optimizer, ShardedOptimizer):
+            return self.optimizer.state_bytes()
+        return state_bytes(self.optimizer)
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self.loss_acc.numpy())
@@ -271,3 +294,5 @@ class TensorFlowBackend(Backend):
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         to_native(self.spec, self.model, weights)
+        if isinstance(getattr(self, "optimizer", None), ShardedOptimizer):  # its pieces hold the weights too
+            self.optimizer.take_weights()

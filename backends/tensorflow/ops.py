@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -94,8 +96,9 @@ class RMSprop(keras.optimizers.RMSprop):
         self.assign_sub(variable, ops.multiply(lr, step))
 
 
-def make_optimizer(cfg: Config, model: keras.Model) -> keras.optimizers.Optimizer:
-    """The optimizer for `model`'s trainable variables (built). Same semantics as the torch backend:
+def make_optimizer(cfg: Config, model: keras.Model | list) -> keras.optimizers.Optimizer:
+    """The optimizer for `model`'s trainable variables (or the variables themselves; built). Same
+    semantics as the torch backend:
     weight_decay is L2 (added to the gradient) except for adamw, where it is decoupled; Adam and
     RMSprop take eps as PyTorch does. fp16 wraps it in Keras's dynamic loss scaling."""
     o = cfg.optimizer
@@ -107,8 +110,13 @@ def make_optimizer(cfg: Config, model: keras.Model) -> keras.optimizers.Optimize
         opt = AdamW(o.lr, weight_decay=o.weight_decay, beta_1=o.betas[0], beta_2=o.betas[1], epsilon=o.eps)
     else:
         opt = RMSprop(o.lr, rho=o.rho, momentum=o.momentum, epsilon=o.eps)
-    opt.build(model.trainable_variables)
+    opt.build(model.trainable_variables if isinstance(model, keras.Model) else model)
     return opt
+
+
+def state_bytes(optimizer: keras.optimizers.Optimizer) -> int:
+    """Bytes of an optimizer's variables."""
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in optimizer.variables)
 
 
 def eval_sums(loss: str, out: np.ndarray, y: np.ndarray, metrics: MetricSet | None = None,
@@ -125,20 +133,27 @@ def is_rng(variable) -> bool:
     return "seed_generator" in variable.path
 
 
-def training_state(model: keras.Model, optimizer: keras.optimizers.Optimizer, scaler=None) -> dict[str, np.ndarray]:
+def training_state(model: keras.Model, optimizer: Any, scaler=None) -> dict[str, np.ndarray]:
     """Every model variable (seed generators under rng.*) and optimizer variable, by position.
-    `scaler` is always None here: Keras keeps the loss scale among the optimizer's variables."""
+    `scaler` is always None here: Keras keeps the loss scale among the optimizer's variables.
+    A sharded optimizer (backends/tensorflow/shard.py) gives the whole optimizer's, gathered."""
     state = {f"{'rng.' if is_rng(v) else ''}model.{i}": np.array(v.numpy()) for i, v in enumerate(model.variables)}
-    state.update({f"optim.{i}": np.array(v.numpy()) for i, v in enumerate(optimizer.variables)})
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        state.update({f"optim.{i}": np.array(v.numpy()) for i, v in enumerate(optimizer.variables)})
+    else:
+        state.update(optimizer.state_arrays())
     return state
 
 
-def load_training_state(state: dict[str, np.ndarray], model: keras.Model, optimizer: keras.optimizers.Optimizer,
+def load_training_state(state: dict[str, np.ndarray], model: keras.Model, optimizer: Any,
                         scaler=None, rng: bool = True) -> None:
     for i, v in enumerate(model.variables):
         if not is_rng(v):
             v.assign(state[f"model.{i}"])
         elif rng:
             v.assign(state[f"rng.model.{i}"])
+    if not isinstance(optimizer, keras.optimizers.Optimizer):  # sharded: this rank's pieces of it
+        optimizer.load_arrays(state)
+        return
     for i, v in enumerate(optimizer.variables):
         v.assign(state[f"optim.{i}"])

@@ -182,7 +182,7 @@ class TorchBackend(Backend):
     def optimizer_state_bytes(self) -> int:
         if isinstance(self.optimizer, ShardedOptimizer):
             return self.optimizer.state_bytes()
-        return state_bytes(self.optimizer.state)
+        return state_bytes(self.optimizer)
 
     def loss_sum(self, reset: bool = False) -> float:
         value = float(self._loss_acc)

@@ -60,9 +60,10 @@ def make_optimizer(cfg: Config, model: torch.nn.Module | list[torch.nn.Parameter
                                weight_decay=o.weight_decay)
 
 
-def state_bytes(state: dict[Any, dict[str, Any]]) -> int:
-    """Bytes of an optimizer's state tensors (its `state`: parameter -> name -> value)."""
-    return sum(v.numel() * v.element_size() for s in state.values() for v in s.values() if torch.is_tensor(v))
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of an optimizer's state tensors."""
+    return sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
+               if torch.is_tensor(v))
 
 
 def eval_sums(loss: str, out: np.ndarray, y: np.ndarray, metrics: MetricSet | None = None,

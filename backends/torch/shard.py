@@ -66,7 +66,7 @@ class ShardedOptimizer:
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds."""
-        return state_bytes(self.optimizer.state)
+        return state_bytes(self.optimizer)
 
     def zero_grad(self) -> None:
         self.grads.zero_()

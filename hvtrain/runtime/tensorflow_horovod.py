@@ -45,6 +45,14 @@ class TensorFlowHorovod:
         return grouped_allreduce(hvd, tensors, num_groups, name, op=hvd.Average,
                                  compression=self.compression(compression), **kwargs)
 
+    def reducescatter_mean(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
+        """Rank r's 1/size of `tensor` (split on its first axis), averaged over the ranks."""
+        return hvd.reducescatter(tensor, op=hvd.Average, name=name)
+
+    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
+        """Every rank's `tensor`, concatenated in rank order on the first axis."""
+        return hvd.allgather(tensor, name=name)
+
     def elastic_state(self, shared: Any, local: Any, counters: dict[str, Any]) -> Any:
         """Horovod elastic state for Keras 3 variables: `shared()` (weights, optimizer) saved,
         restored and broadcast from rank 0; `local()` (seed generators) this rank's own, saved and

@@ -1,8 +1,10 @@
 """train.shard_optimizer (issue 24 point 4, ZeRO stage 1 on Horovod), real mpirun runs: each rank
-keeps half the optimizer state on 2 ranks, and the training is the unsharded one (SGD with momentum,
-Adam with L2, AdamW) to 1e-6; its checkpoints hold the whole state, so one made sharded on 2 ranks
-resumes on 1 rank (sharded or not) and on 2 to the uninterrupted run's weights. A fusion threshold
-of 4 KiB cuts the 2,485 parameters into 3 chunks (one reduce-scatter and one allgather each)."""
+keeps half the optimizer state on 2 ranks, and the training is the unsharded one to 1e-6 (torch:
+SGD with momentum, Adam with L2, AdamW; TensorFlow: SGD with momentum, Adam with L2); its
+checkpoints hold the whole state in the unsharded layout, so one made sharded on 2 ranks resumes on
+1 rank (sharded or not) and on 2, and an unsharded run's resumes sharded, to the uninterrupted
+run's weights. A fusion threshold of 4 KiB cuts the 2,485 parameters into 3 chunks (one
+reduce-scatter and one allgather each)."""
 
 from __future__ import annotations
 
@@ -34,24 +36,32 @@ def state_bytes(out) -> list[int]:
     return json.loads((out / "summary.json").read_text())["optimizer_state_bytes"]["ranks"]
 
 
-@pytest.mark.parametrize("optimizer", ["{name: sgd, lr: 0.05, momentum: 0.9}",
-                                       "{name: adam, lr: 0.003, weight_decay: 0.01, warmup_epochs: 1}",
-                                       "{name: adamw, lr: 0.003, weight_decay: 0.05}"])
-def test_sharded_state_trains_the_unsharded_run_with_half_the_state_per_rank(tmp_path, optimizer):
+SGD = "{name: sgd, lr: 0.05, momentum: 0.9}"
+ADAM = "{name: adam, lr: 0.003, weight_decay: 0.01, warmup_epochs: 1}"
+ADAMW = "{name: adamw, lr: 0.003, weight_decay: 0.05}"
+
+
+@pytest.mark.parametrize(("backend", "optimizer"), [("torch", SGD), ("torch", ADAM), ("torch", ADAMW),
+                                                    ("tensorflow", SGD), ("tensorflow", ADAM)])
+def test_sharded_state_trains_the_unsharded_run_with_half_the_state_per_rank(tmp_path, backend, optimizer):
     config = tmp_path / "zero.yaml"
-    config.write_text(CONFIG.format(optimizer=optimizer))
+    config.write_text(f"backend: {backend}\n" + CONFIG.format(optimizer=optimizer))
     whole, sharded = tmp_path / "whole", tmp_path / "sharded"
     run(mpirun(2, "train", str(config), "--quiet", "--output-dir", str(whole)), timeout=300)
     run(mpirun(2, "train", str(config), *SHARD, "--quiet", "--output-dir", str(sharded)), timeout=300)
     assert weights_gap(whole, sharded) <= 1e-6
     full, half = state_bytes(whole), state_bytes(sharded)
     assert len(set(full)) == 1 and all(abs(h - full[0] / 2) <= 16 for h in half), (full, half)  # + step counts
-    if "adam," not in optimizer:
+    if optimizer != ADAM:
         return
-    mid = next(p for p in list_checkpoints(sharded) if step_of(p) == 30)  # epoch 2, step 7 of 23
-    for name, argv in (("one-sharded", hvtrain("train", str(config), *SHARD)),
-                       ("one-whole", hvtrain("train", str(config))),
-                       ("two-sharded", mpirun(2, "train", str(config), *SHARD))):
-        said = run([*argv, "--output-dir", str(tmp_path / name), "--resume", str(mid)], timeout=300).stdout
+
+    def mid(out):  # epoch 2, step 7 of 23
+        return next(p for p in list_checkpoints(out) if step_of(p) == 30)
+
+    for name, argv, made in (("one-sharded", hvtrain("train", str(config), *SHARD), sharded),
+                             ("one-whole", hvtrain("train", str(config)), sharded),
+                             ("two-sharded", mpirun(2, "train", str(config), *SHARD), sharded),
+                             ("two-sharded-from-whole", mpirun(2, "train", str(config), *SHARD), whole)):
+        said = run([*argv, "--output-dir", str(tmp_path / name), "--resume", str(mid(made))], timeout=300).stdout
         assert "resumed from" in said, said
         assert weights_gap(whole, tmp_path / name) <= 1e-6, name

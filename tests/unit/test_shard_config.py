@@ -17,12 +17,12 @@ def cfg(tmp_path, extra: str = "", train: str = ""):
     return load_config(p)
 
 
-def test_a_torch_data_parallel_run_may_shard(tmp_path):
-    assert cfg(tmp_path).train.shard_optimizer
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_a_data_parallel_run_may_shard(tmp_path, backend):
+    assert cfg(tmp_path, f"backend: {backend}\n").train.shard_optimizer
 
 
 @pytest.mark.parametrize(("extra", "train", "why"), [
-    ("backend: tensorflow\n", "", "is built for backend torch; got tensorflow"),
     ("parallel: {pipeline: {stages: 2}}\n", "", "pipelined stages are not sharded yet"),
     ("", ", precision: fp16", "train.precision fp16"),
     ("", ", on_nan: skip", "train.on_nan: skip are not combined yet"),
