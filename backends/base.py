@@ -48,6 +48,8 @@ class Collectives(Protocol):
 
     def allgather_object(self, obj: Any) -> list[Any]: ...
 
+    def gather_bytes(self, blob: bytes, root: int = 0) -> list[bytes] | None: ...
+
 
 class Backend(ABC):
     """One framework. Order of calls: configure -> build (or build_stage) -> steps -> get_weights."""

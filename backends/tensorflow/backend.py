@@ -118,8 +118,7 @@ class TensorFlowBackend(Backend):
             if not sharded:
                 runtime.horovod.broadcast(self.optimizer.variables)
         if sharded:
-            self.optimizer = ShardedOptimizer(cfg, self.train_vars, runtime.horovod, runtime.info.rank,
-                                              runtime.info.size)
+            self.optimizer = ShardedOptimizer(cfg, self.train_vars, runtime)
         if spec is None:  # decided on the broadcast weights: the same on every rank
             x = example.astype(np.int64) if self.native.token_ids else example
             self.form = decide_form(cfg, returned(cfg, self.model, x), len(x), num_outputs, form,

@@ -8,10 +8,10 @@ the compiled step: the gradients flattened, each chunk reduce-scattered (Horovod
 pieces updated, allgathered, and the model's variables assigned from them. Every optimizer hvtrain
 offers is elementwise, so this is the unsharded update, element for element.
 
-Checkpoints hold the unsharded optimizer's variables at their positions (`state_arrays`, gathered:
-a collective, every rank calls it), so an unsharded run resumes them and `load_arrays` takes an
-unsharded run's on any world size. The positions come from the same optimizer built over stand-ins
-(Keras orders slot variables by the variables it is built on).
+Checkpoints hold the unsharded optimizer's variables at their positions (`state_arrays`, gathered
+on rank 0, which writes the checkpoint: a collective, every rank calls it), so an unsharded run
+resumes them and `load_arrays` takes an unsharded run's on any world size. The positions come from
+the same optimizer built over stand-ins (Keras orders slot variables by the variables it is built on).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvtrain.backends.base import Collectives
 from hvtrain.config.schema import Config
+from hvtrain.io.checkpoints import decode, encode
 
 from .ops import make_optimizer, state_bytes
 
@@ -32,10 +34,20 @@ PIECE, STANDIN = "hvtrain_zero_", "hvtrain_standin_"
 
 class ShardedOptimizer:
     """The optimizer of `variables` (the model's trainable variables, in order) with state sharded
-    over the ranks of `horovod` (hvtrain.runtime.tensorflow_horovod.TensorFlowHorovod)."""
+    over the ranks of `runtime` (its Horovod binding: hvtrain.runtime.tensorflow_horovod).
 
-    def __init__(self, cfg: Config, variables: list, horovod: Any, rank: int, size: int) -> None:
-        self.horovod, self.rank, self.size, self.variables_of_model = horovod, rank, size, variables
+    Raises:
+        ConfigError: at train.shard_optimizer, no trainable variable or several dtypes.
+    """
+
+    def __init__(self, cfg: Config, variables: list, runtime: Collectives) -> None:
+        self.runtime, self.horovod = runtime, runtime.horovod
+        self.rank, self.size, self.variables_of_model = runtime.info.rank, runtime.info.size, variables
+        size = self.size
+        dtypes = sorted({str(v.dtype) for v in variables})
+        if dtypes != ["float32"]:
+            raise cfg.fail("train.shard_optimizer", "keeps the trainable variables in float32 pieces; "
+                           + (f"the model's are {', '.join(dtypes)}" if dtypes else "the model has none"))
         self.shapes = [tuple(v.shape) for v in variables]
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.total = sum(self.sizes)
@@ -99,11 +111,21 @@ class ShardedOptimizer:
         return out
 
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """optim.<position> of the unsharded optimizer: every rank's pieces gathered (a collective)."""
-        slots, full = self._slots(), {}
-        for slot in sorted(k for k, vs in slots.items() if vs[0] is not None and len(vs[0].shape)):
-            full[slot] = np.concatenate([self.horovod.allgather(v.value, f"hvtrain.zero.s{slot}{a}").numpy()
-                                         for v, (a, _) in zip(slots[slot], self.chunks, strict=True)])
+        """optim.<position> of the unsharded optimizer on rank 0: every rank's pieces gathered there
+        (a collective: every rank calls it); nothing on the other ranks (they write no state)."""
+        slots = self._slots()
+        per_element = [k for k, vs in slots.items() if len(vs[0].shape)]
+        blobs = self.runtime.gather_bytes(encode({f"{slot}.{j}": np.asarray(v.numpy()) for slot in per_element
+                                                  for j, v in enumerate(slots[slot])}))
+        if blobs is None:
+            return {}
+        shares, full = [decode(blob) for blob in blobs], {}
+        for slot in per_element:
+            full[slot] = np.zeros(self.padded, np.float32)
+            for j, (a, b) in enumerate(self.chunks):
+                n = (b - a) // self.size
+                for r, share in enumerate(shares):
+                    full[slot][a + r * n: a + (r + 1) * n] = share[f"{slot}.{j}"]
         offsets = np.cumsum([0, *self.sizes])
         out = {}
         for pos, (index, slot) in enumerate(self.layout):

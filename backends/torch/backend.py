@@ -80,9 +80,8 @@ class TorchBackend(Backend):
         self.optimizer = make_optimizer(cfg, self.model)
         if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
             runtime.horovod.broadcast_model(self.model, self.optimizer)
-        if cfg.train.shard_optimizer:  # replaces the whole-state optimizer (still without state)
-            self.optimizer = ShardedOptimizer(cfg, [p for p in self.model.parameters() if p.requires_grad],
-                                              runtime.horovod, runtime.info.rank, runtime.info.size)
+        if cfg.train.shard_optimizer:  # replaces the whole-state optimizer (without state: never stepped)
+            self.optimizer = ShardedOptimizer(cfg, [p for p in self.model.parameters() if p.requires_grad], runtime)
         elif runtime.distributed:
             self.optimizer = runtime.horovod.distributed_optimizer(
                 self.optimizer, self.model, cfg.train.compression, cfg.train.grad_accumulation,

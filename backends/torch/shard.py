@@ -9,17 +9,21 @@ the gradients reduce-scattered (Horovod's average: each rank gets its piece's me
 step on the piece, the updated pieces allgathered back into the parameter buffer. Every optimizer
 hvtrain offers is elementwise, so this is the unsharded update, element for element.
 
-Checkpoints hold the unsharded optimizer's state_dict (`state_dict` gathers the pieces; every rank
-calls it, as every rank saves), and `load_state_dict` takes one from any world size, sharded or not.
+Checkpoints hold the unsharded optimizer's state_dict (`state_dict` gathers the pieces on rank 0,
+which writes the checkpoint; every rank calls it, as every rank saves), and `load_state_dict` takes
+one from any world size, sharded or not.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
+from hvtrain.backends.base import Collectives
 from hvtrain.config.schema import Config
+from hvtrain.io.checkpoints import decode, encode
 
 from .ops import make_optimizer, state_bytes
 
@@ -31,10 +35,20 @@ def _per_element(key: str, value: Any, param: torch.Tensor) -> bool:
 
 class ShardedOptimizer:
     """The optimizer of `params` (the model's trainable parameters, in order) with state sharded
-    over the ranks of `horovod` (hvtrain.runtime.torch_horovod.TorchHorovod)."""
+    over the ranks of `runtime` (its Horovod binding: hvtrain.runtime.torch_horovod.TorchHorovod).
 
-    def __init__(self, cfg: Config, params: list[torch.nn.Parameter], horovod: Any, rank: int, size: int) -> None:
-        self.horovod, self.rank, self.size = horovod, rank, size
+    Raises:
+        ConfigError: at train.shard_optimizer, no trainable parameter or several dtypes (one flat buffer).
+    """
+
+    def __init__(self, cfg: Config, params: list[torch.nn.Parameter], runtime: Collectives) -> None:
+        self.runtime, self.horovod = runtime, runtime.horovod
+        self.rank, self.size = runtime.info.rank, runtime.info.size
+        rank, size = self.rank, self.size
+        dtypes = sorted({str(p.dtype) for p in params})
+        if len(dtypes) != 1:
+            raise cfg.fail("train.shard_optimizer", "keeps the trainable parameters in one flat buffer of one dtype; "
+                           + (f"the model's are {', '.join(dtypes)}" if dtypes else "the model has none"))
         self.params = params
         self.sizes = [p.numel() for p in params]
         total = sum(self.sizes)
@@ -81,26 +95,32 @@ class ShardedOptimizer:
             self.flat[a:b].copy_(self.horovod.allgather(piece.detach(), f"hvtrain.zero.p{a}"))
 
     # -- the unsharded optimizer's state_dict ---------------------------------------------------
-    def _full(self, key: str) -> torch.Tensor:
-        """The flat buffer of one per-element state (`key`) gathered from every rank's pieces."""
-        out = torch.zeros_like(self.flat)
-        for (a, b), piece in zip(self.chunks, self.pieces, strict=True):
-            out[a:b].copy_(self.horovod.allgather(self.optimizer.state[piece][key], f"hvtrain.zero.s{key}{a}"))
-        return out
-
     def state_dict(self) -> dict[str, Any]:
-        """What torch's optimizer over the model's parameters would hold (a collective: every rank)."""
+        """What torch's optimizer over the model's parameters would hold, on rank 0 (the one that
+        writes checkpoints): every rank's pieces gathered there (a collective: every rank calls
+        it); the other ranks get the param groups and no state."""
         inner = self.optimizer.state_dict()
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(range(len(self.params)))}
                   for g in inner["param_groups"]]
         first = self.optimizer.state.get(self.pieces[0], {})
-        state: dict[int, dict[str, Any]] = {i: {} for i in range(len(self.params))} if first else {}
-        for key in sorted(first):  # one order on every rank: each key is a collective
-            value = first[key]
+        mine = {f"{key}.{j}": self.optimizer.state[piece][key].detach().cpu().numpy()
+                for key in first if _per_element(key, first[key], self.pieces[0])
+                for j, piece in enumerate(self.pieces)}
+        blobs = self.runtime.gather_bytes(encode(mine))
+        if blobs is None or not first:
+            return {"state": {}, "param_groups": groups}
+        shares = [decode(blob) for blob in blobs]
+        state: dict[int, dict[str, Any]] = {i: {} for i in range(len(self.params))}
+        for key, value in first.items():
             if _per_element(key, value, self.pieces[0]):
-                full, at = self._full(key), 0
+                full = np.zeros(len(self.flat), np.dtype(str(self.flat.dtype).removeprefix("torch.")))
+                for j, (a, b) in enumerate(self.chunks):
+                    n = (b - a) // self.size
+                    for r, share in enumerate(shares):
+                        full[a + r * n: a + (r + 1) * n] = share[f"{key}.{j}"]
+                at = 0
                 for i, (p, n) in enumerate(zip(self.params, self.sizes, strict=True)):
-                    state[i][key] = full[at: at + n].view_as(p).clone()
+                    state[i][key] = torch.from_numpy(full[at: at + n].copy()).view_as(p)
                     at += n
             else:  # a step count: the same on every piece
                 for i in state:

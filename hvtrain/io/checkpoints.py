@@ -51,10 +51,12 @@ FORMAT = "hvtrain-checkpoint-v2"
 
 # Config keys whose change changes the math: a checkpoint resumes only a run that agrees on them.
 # train.compression rounds every gradient to fp16 before the allreduce; parallel.pipeline.micro_batches
-# splits each batch (batchnorm statistics per micro-batch); train.randomness draws other dropout masks.
-# The stage placement is checked as the layout; the schedule (gpipe / 1f1b) computes the same update.
+# splits each batch (batchnorm statistics per micro-batch). The stage placement is checked as the layout;
+# the schedule (gpipe / 1f1b) computes the same update. train.randomness draws other dropout masks from
+# the resume on, as a world-size change does under per_rank: said, not refused (a checkpoint from before
+# the key, per-rank masks, resumes).
 MATH_KEYS = ("model", "optimizer", "loss", "data", "seed", "train.grad_accumulation", "train.precision",
-             "train.compression", "train.randomness", "parallel.pipeline.micro_batches")
+             "train.compression", "parallel.pipeline.micro_batches")
 
 
 NOT_MATH = ("data.prefetch",)  # under MATH_KEYS, but no effect on the numbers

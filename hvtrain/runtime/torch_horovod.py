@@ -31,9 +31,13 @@ class TorchHorovod:
         return hvd.Compression.fp16 if name == "fp16" else hvd.Compression.none
 
     def broadcast_model(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Rank 0's weights and optimizer state to every rank."""
+        """Rank 0's weights and optimizer state to every rank. A fresh optimizer has no state to
+        send: Horovod's broadcast_optimizer_state would make it by one step on zero gradients,
+        which weight decay turns into a real step (every weight moved by ~lr under Adam + L2 on
+        N > 1 ranks and not on one)."""
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        if optimizer.state:
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     def distributed_optimizer(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, compression: str,
                               accumulation: int, num_groups: int) -> torch.optim.Optimizer:

@@ -25,6 +25,15 @@ if TYPE_CHECKING:
 
 
 
+def _randomness(record: dict[str, Any]) -> str:
+    """per_sample | per_rank as a checkpoint's experiment record resolves train.randomness (a record
+    from before the key: per_rank, the frameworks' streams)."""
+    mode = record.get("train", {}).get("randomness", "per_rank")
+    if mode == "auto":
+        return "per_rank" if record.get("model", {}).get("entrypoint") else "per_sample"
+    return mode
+
+
 @dataclass
 class Resumed:
     path: str
@@ -44,8 +53,10 @@ class CheckpointManager:
     """
 
     def __init__(self, cfg: Config, runtime: Runtime, reporter: Reporter, layout: list[list[int]] | None = None,
-                 inputs: dict[str, Any] | None = None):
+                 inputs: dict[str, Any] | None = None, draws_random: bool = False):
+        """`draws_random`: the model has dropout (the resume line says what happens to its masks)."""
         self.cfg, self.runtime, self.reporter, self.layout, self.inputs = cfg, runtime, reporter, layout, inputs
+        self.draws_random = draws_random
         self.run_id = new_run_id()  # until start() agrees on one (elastic: the state sync does)
         self.experiment = experiment_record(cfg)  # what a checkpoint records of the run and a resume must match
         if runtime.info.is_main:
@@ -89,8 +100,9 @@ class CheckpointManager:
         b, before, now = self.cfg.data.batch_size, meta["replicas"], replicas
         g = self.cfg.data.global_batch_size
         # per sample, a sample's dropout masks are what they were: only framework streams move
-        masks = " and dropout masks (per sample)" if per_sample_randomness(self.cfg) else ""
-        streams = "" if masks else "; per-rank random streams reseeded"
+        per_sample = per_sample_randomness(self.cfg)
+        masks = " and dropout masks (per sample)" if per_sample and self.draws_random else ""
+        streams = "" if per_sample else "; per-rank random streams reseeded"
         if same_world:
             changed = ""
         elif g is not None:  # the same steps, samples and schedule: only who computes which part moved
@@ -101,8 +113,14 @@ class CheckpointManager:
         else:
             changed = (f"; world size changed {meta['world_size']} -> {info.size}" + (
                 f": global batch {b * before} -> {b * now}" if before != now else "")
-                + (", dropout masks per sample unchanged" if masks else ", per-rank random streams reseeded")
+                + (", dropout masks per sample unchanged" if masks else "" if per_sample
+                   else ", per-rank random streams reseeded")
                 + (", lr re-scaled" if self.cfg.optimizer.scale_lr else ""))
+        was = _randomness(meta.get("config", {}))
+        if self.draws_random and was != ("per_sample" if per_sample else "per_rank"):
+            now = "per sample" if per_sample else "per rank"
+            changed += f"; dropout masks drawn {now} from here (the checkpoint's run drew them " \
+                       f"{was.replace('_', ' ')}: train.randomness)"
         self.reporter.notice(f"resumed from {header['path']} ({where(meta)}){changed}")
         return Resumed(header["path"], meta, state, same_world)
 

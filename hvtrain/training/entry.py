@@ -188,7 +188,8 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
         layout = stage_layout(s.plan)
     # travels with every checkpoint and final.safetensors (predict from it), with the output form decided above
     inputs = describe_inputs(cfg, p.data, s.backend.output_form() if s.plan is None and p.spec is None else None)
-    run = Run(cfg, p.spec, p.data, steps, rt, reporter, CheckpointManager(cfg, rt, reporter, layout, inputs),
+    checkpoints = CheckpointManager(cfg, rt, reporter, layout, inputs, p.spec is not None and p.spec.draws_random)
+    run = Run(cfg, p.spec, p.data, steps, rt, reporter, checkpoints,
               metrics, init_unread=p.initial is None and p.spec is not None and cfg.model.init_from is not None)
     if cfg.data.workers:
         from hvtrain.data.loader import Workers

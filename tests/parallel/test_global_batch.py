@@ -1,7 +1,9 @@
 """data.global_batch_size across world sizes (issue 24), real mpirun runs: one config trains to the
 same weights on 1, 2 and 4 ranks, and a checkpoint made mid-epoch on 2 ranks resumes on 1 (and one
 made on 1 resumes on 2) to the weights of the uninterrupted run, in both frameworks; with dropout,
-whose masks are drawn per sample (train.randomness: per_sample, the default)."""
+whose masks are drawn per sample (train.randomness: per_sample, the default), and Adam with L2
+weight decay (torch's start-up broadcast of the optimizer state once stepped every weight by ~lr on
+N > 1 ranks and not on one: Horovod steps a fresh optimizer on zero gradients to make its state)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ seed: 7
 data: {dataset: 'sklearn:digits', global_batch_size: 64, normalize: standard}
 model: {input_shape: [64], layers: [{type: dense, units: 32, activation: relu}, {type: dropout, rate: 0.25},
                                    {type: dense, units: 10}]}
-optimizer: {name: adam, lr: 0.003, warmup_epochs: 1}
+optimizer: {name: adam, lr: 0.003, warmup_epochs: 1, weight_decay: 0.01}
 train: {epochs: 3, threads: 1, checkpoint_unit: step, checkpoint_every: 10, keep: 20}
 """
 

@@ -45,9 +45,12 @@ def test_bf16_pipeline_matches_unpipelined_bf16(tmp_path, backend):
 def test_hybrid_dropout_masks_differ_per_rank_and_resume_mid_epoch_is_bitwise(tmp_path, backend):
     """Defects: pipeline ranks never seeded the framework RNG (torch replicas shared dropout masks),
     checkpointed only at epoch ends, and resumed only there. The pipeline's resume proof (each
-    backend): bitwise the uninterrupted run, and a resume under another placement is refused."""
+    backend): bitwise the uninterrupted run, and a resume under another placement is refused.
+    Under train.randomness: per_rank, the frameworks' streams (per_sample draws no stream at all:
+    test_per_sample_dropout)."""
     full, part = tmp_path / "full", tmp_path / "part"
-    common = ["train", DROPOUT, "--backend", backend, "--quiet", "--set", "train.epochs=3"]
+    common = ["train", DROPOUT, "--backend", backend, "--quiet", "--set", "train.epochs=3",
+              "--set", "train.randomness=per_rank"]
     run(mpirun(4, *common, "--output-dir", str(full)), timeout=400)
     steps_per_epoch = -(-1438 // 32)  # 2 replicas x 16
     # checkpoints every 7 steps, and no epoch end (45, 90, 135) is a multiple of 7: the newest is mid-epoch

@@ -74,3 +74,16 @@ def test_per_sample_for_a_native_model_is_refused_at_its_key(tmp_path):
     with pytest.raises(ConfigError, match=r"r\.yaml:4: train\.randomness: per_sample draws the catalogue's dropout "
                                           r"masks .*set per_rank or auto$"):
         _config(tmp_path, ENTRYPOINT, "per_sample")
+
+
+def test_a_checkpoint_from_before_train_randomness_still_resumes_and_its_masks_are_named():
+    """train.randomness is not a key a resume must match (masks change from the resume on, as on
+    a world-size change under per_rank); a record without it drew per-rank masks."""
+    from hvtrain.io.checkpoints import config_differences
+    from hvtrain.training.checkpoint import _randomness
+
+    old = {"model": {"layers": [{"type": "dropout"}]}, "train": {"epochs": 3}}
+    new = {"model": {"layers": [{"type": "dropout"}]}, "train": {"epochs": 3, "randomness": "auto"}}
+    assert config_differences(old, new) == []
+    assert _randomness(old) == "per_rank" and _randomness(new) == "per_sample"
+    assert _randomness({"model": {"entrypoint": "m:f"}, "train": {"randomness": "auto"}}) == "per_rank"
