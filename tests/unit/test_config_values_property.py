@@ -194,6 +194,8 @@ def acceptable(spec: Spec, value: Any) -> bool:
     if spec.items:
         if not isinstance(value, list) or not value or not all(one(v) for v in value):
             return False
+        if spec is RANGES["data.augment.resized_crop"]:  # [min, max] area fractions (a draw of [1.0] failed)
+            return len(value) == 2 and value[0] <= value[1]
         pairs = (RANGES["optimizer.betas"], RANGES["data.image.size"])  # [beta1, beta2], [height, width]
         return len(value) == 2 if any(spec is p for p in pairs) else True
     return one(value)

@@ -27,6 +27,7 @@ def test_a_data_parallel_run_may_shard(tmp_path, backend):
     ("", ", precision: fp16", "train.precision fp16"),
     ("", ", on_nan: skip", "train.on_nan: skip are not combined yet"),
     ("", ", compression: fp16", "train.compression fp16 is not combined"),
+    ("horovod: {num_groups: 2}\n", "", "horovod.num_groups is not combined"),
 ])
 def test_what_sharding_does_not_cover_is_refused_at_its_key(tmp_path, extra, train, why):
     with pytest.raises(ConfigError, match=r"z\.yaml:4: train\.shard_optimizer: .*" + why.replace(".", r"\.")):
