@@ -117,6 +117,11 @@ class Backend(ABC):
         """The world size changed (elastic reset): adapt size-dependent compiled state."""
 
     @abstractmethod
+    def release_training_state(self) -> None:
+        """Training is over (the last checkpoint written): free the optimizer state and gradients
+        before the end-of-run weight copies. No step may follow."""
+
+    @abstractmethod
     def optimizer_state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (1/N of it under train.shard_optimizer)."""
 

@@ -74,6 +74,9 @@ class StepRunner(ABC):
     def refresh(self) -> None:  # noqa: B027 - a layout whose world cannot change (pipelines) has nothing to read
         """Read the world again after an elastic reset (this rank's replica index and the width)."""
 
+    def release_training_state(self) -> None:  # noqa: B027 - a layout may keep its state (pipelines, for now)
+        """Training is over: free what only training needs (optimizer state, gradients)."""
+
     def optimizer_state_bytes(self) -> int | None:
         """Bytes of optimizer state this rank holds (None: not measured for this layout)."""
         return None

@@ -253,6 +253,9 @@ class TensorFlowBackend(Backend):
     def on_world_change(self) -> None:
         self._compile()  # the world size is baked into the compiled steps
 
+    def release_training_state(self) -> None:
+        pass  # Keras owns its optimizer's variables for the optimizer's life: nothing freed early here
+
     def optimizer_state_bytes(self) -> int:
         if isinstance(self.optimizer, ShardedOptimizer):
             return self.optimizer.state_bytes()

@@ -180,6 +180,14 @@ class TorchBackend(Backend):
     def on_world_change(self) -> None:
         pass  # sizes are read from the runtime at every step
 
+    def release_training_state(self) -> None:
+        if isinstance(self.optimizer, ShardedOptimizer):
+            self.optimizer.release()
+            return
+        self.optimizer.state.clear()
+        for p in self.model.parameters():
+            p.grad = None
+
     def optimizer_state_bytes(self) -> int:
         if isinstance(self.optimizer, ShardedOptimizer):
             return self.optimizer.state_bytes()

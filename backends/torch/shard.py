@@ -121,6 +121,14 @@ class ShardedOptimizer:
         """Bytes of optimizer state this rank holds."""
         return state_bytes(self.optimizer)
 
+    def release(self) -> None:
+        """Training is over: the state and the gradient buffer freed (no step may follow)."""
+        self.zero_grad()
+        self.optimizer.state.clear()
+        for p in self.params:
+            p.grad = None
+        self.grads = torch.empty(0, dtype=self.flat.dtype)
+
     def zero_grad(self) -> None:
         """Forget the gradients (and any reduction started from them: an abandoned step)."""
         for c in list(self.reducing):

@@ -33,8 +33,9 @@ def final_weights(run: Run) -> tuple[dict[str, np.ndarray], bool]:
     trainable = steps.trainable_names()
     fingerprints = rt.allgather_object((steps.shard, digest({k: v for k, v in mine.items() if k in trainable})))
     agree = all(len({d for s, d in fingerprints if s == shard}) == 1 for shard, _ in fingerprints)
-    blobs = rt.gather_bytes(encode(mine if steps.owns_shard else {}))
-    weights: dict[str, np.ndarray] = {}
+    own = steps.owns_shard and rt.info.is_main  # rank 0's own share stays as it is: no copy through bytes
+    blobs = rt.gather_bytes(encode(mine if steps.owns_shard and not own else {}))
+    weights: dict[str, np.ndarray] = dict(mine) if own else {}
     for blob in blobs or []:
         weights.update(decode(blob))
     return weights, agree
@@ -43,13 +44,15 @@ def final_weights(run: Run) -> tuple[dict[str, np.ndarray], bool]:
 def finish(run: Run, result: EpochResult | None, t0: float, extra: dict[str, Any]) -> dict[str, Any]:
     """final.safetensors and summary.json (the last epoch's figures plus run facts)."""
     cfg, info = run.cfg, run.runtime.info
+    state_bytes = run.steps.optimizer_state_bytes()
+    run.steps.release_training_state()  # before every weight is copied below: the run's peak memory is training's
     weights, agree = final_weights(run)
     if not agree:
         raise HvtrainError("replicas ended with different weights (every data-parallel replica must hold the "
                            "same model); the run's outputs were not written")
     layout = run.steps.summary()
     per_rank = run.runtime.allgather_object(layout.pop("rank", None)) if "rank" in layout else None
-    usage = run.runtime.allgather_object((peak_rss_mb(), run.data_wait, run.steps.optimizer_state_bytes()))
+    usage = run.runtime.allgather_object((peak_rss_mb(), run.data_wait, state_bytes))
     run.reporter.write_weights(WEIGHTS_FILE, weights, weight_metadata(cfg, run.spec, run.data, run.checkpoints.inputs))
     run.reporter.write_arrays(SCORES_FILE, final_scores(run, result))
     summary = {

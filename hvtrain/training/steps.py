@@ -85,6 +85,9 @@ class DataParallelSteps(StepRunner):
     def optimizer_state_bytes(self) -> int | None:
         return self.backend.optimizer_state_bytes()
 
+    def release_training_state(self) -> None:
+        self.backend.release_training_state()
+
 
 def digest(weights: dict[str, np.ndarray]) -> str:
     """Bitwise fingerprint of a weight set (replicas of one shard must agree)."""

@@ -234,6 +234,9 @@ class LinearSteps:
     def optimizer_state_bytes(self) -> int | None:
         return None  # plain SGD: no state
 
+    def release_training_state(self) -> None:
+        pass
+
     def refresh(self) -> None:
         info = self.runtime.info
         self.replica, self.replicas, self.owns_shard = info.rank, info.size, info.is_main

@@ -92,6 +92,9 @@ class FakeSteps:
     def optimizer_state_bytes(self) -> int | None:
         return None
 
+    def release_training_state(self) -> None:
+        pass
+
 
 LOOP = {"name": "loop", "seed": 3, "data": {"dataset": "synthetic:classification", "samples": 500, "features": 4,
                                             "batch_size": 10},
