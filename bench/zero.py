@@ -80,12 +80,9 @@ def run(quick: bool) -> dict:
             f"bench/configs/zero_mlp.yaml (4096-4096-4096-4096-10), batch {BATCH} per rank, {steps} steps an epoch, "
             f"{epochs} epochs (the first not counted), one thread per rank, `hvtrain launch -np 2` (horovodrun); "
             "the sides differ only in train.shard_optimizer.",
-            "Where the peak is (sampled VmRSS of rank 1 every 0.4 s, 2026-12-06, same config): while training, "
-            "1,108-1,236 MiB with the whole state and 915-1,034 MiB sharded (about 200 MiB, half of Adam's state, "
-            "lower); the sharded run's peak is after training, where the replicas' weight fingerprint and "
-            "final.safetensors copy every weight (+~200 MiB, both sides), so summary.json's peak RSS (a "
-            "high-water mark of the whole run) comes out alike. What is left: release the optimizer state and "
-            "gradients before that copy, or fingerprint without one.",
+            "Peak RSS is summary.json's: the high-water mark of the whole run, worst rank. Training's memory is "
+            "freed before the end-of-run weight copies (before that, they set both sides' peak alike); the sharded "
+            "step keeps at most two chunks' allgathered copies alive (all four at once cost 0.05 of the state).",
             load_note(runs),
         ],
         "raw": {"state_ratio": state, "rss_saved_fraction": saved, "speed_ratio": speed, "runs": runs},

@@ -152,6 +152,9 @@ class ShardedOptimizer:
             self.optimizer.step()  # only the piece with a gradient moves
             piece.grad = None
             gathering.append((a, b, self.horovod.allgather(piece.detach(), f"hvtrain.zero.p{a}")))
+            if len(gathering) > 1:  # at most two chunks' gathered copies alive at once (peak memory)
+                a, b, gathered = gathering.pop(0)
+                self.flat[a:b].copy_(gathered())
         for a, b, gathered in gathering:
             self.flat[a:b].copy_(gathered())
 
