@@ -58,7 +58,8 @@ def test_signal_to_mpirun_checkpoints_at_one_step_and_resumes_bitwise(tmp_path, 
     so they check every step. SIGUSR1 is only passed on; checking once per epoch puts the stop on
     an epoch's last step (the resumed run evaluates that epoch before going on)."""
     part = tmp_path / "part"
-    epochs = SIGTERM_EPOCHS if sig == signal.SIGTERM else 8
+    # SIGUSR1 too: 8 epochs once ended before the signal arrived under CI's load (exit 0, seen in CI)
+    epochs = SIGTERM_EPOCHS
     argv = hvtrain("train", CFG, *COMMON, "--set", f"train.signal_check_every={check_every}",
                    "--set", f"train.epochs={epochs}", "--output-dir", str(part))
     proc = start(mpirun_command(2, *argv), part)
