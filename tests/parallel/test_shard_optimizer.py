@@ -62,10 +62,10 @@ def test_sharded_state_trains_the_unsharded_run_with_half_the_state_per_rank(tmp
     def mid(out):  # epoch 2, step 7 of 23
         return next(p for p in list_checkpoints(out) if step_of(p) == 30)
 
-    for name, argv, made in (("one-sharded", hvtrain("train", str(config), *SHARD), sharded),
-                             ("one-whole", hvtrain("train", str(config)), sharded),
-                             ("two-sharded", mpirun(2, "train", str(config), *SHARD), sharded),
-                             ("two-sharded-from-whole", mpirun(2, "train", str(config), *SHARD), whole)):
+    for name, argv, made in (("one-sharded", hvtrain("train", str(config), *acc, *SHARD), sharded),
+                             ("one-whole", hvtrain("train", str(config), *acc), sharded),
+                             ("two-sharded", mpirun(2, "train", str(config), *acc, *SHARD), sharded),
+                             ("two-sharded-from-whole", mpirun(2, "train", str(config), *acc, *SHARD), whole)):
         said = run([*argv, "--output-dir", str(tmp_path / name), "--resume", str(mid(made))], timeout=300).stdout
         assert "resumed from" in said, said
         assert weights_gap(whole, tmp_path / name) <= 1e-6, name
