@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT, hvtrain, load_weights, run, run_env, tool
 from tests.support.checks import records
-from tests.support.launch import BACKENDS
+from tests.support.launch import BACKENDS, mpirun
 
 SLOW = "tests/configs/slow_mlp.yaml"
 
@@ -54,21 +54,34 @@ def third_local_address() -> str:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_worker_killed_then_slot_added_back(tmp_path, backend):
+def test_worker_killed_then_slot_added_back_continues_the_uninterrupted_run(tmp_path, backend):
+    """Issue 24: with data.global_batch_size, a world that shrinks to the survivor and grows back
+    trains the same steps as an uninterrupted 2-rank run: every epoch once, and final weights
+    within 1e-6 of the uninterrupted run's (same data order, lr schedule and per-sample dropout
+    masks; a rollback to the last commit drops the abandoned micro-batches of accumulation 2)."""
+    # slow_mlp with the global batch of 2 ranks x 64 x 2 accumulation steps, tanh units and lr 0.01.
+    # Float summation order alone (one rank summing 128 samples' gradients, or two summing 64 and
+    # averaging: 3e-8 apart) is all that differs between rank counts, but a ReLU unit near its kink
+    # turns such a difference into a jump: ReLU at lr 0.01, 500 steps, plain 1- vs 2-rank runs end
+    # 3e-3 apart; with tanh 9e-8.
+    cfg = tmp_path / "mlp.yaml"
+    cfg.write_text((ROOT / SLOW).read_text().replace("batch_size: 64", "global_batch_size: 256")
+                   .replace("lr: 0.05", "lr: 0.01").replace("activation: relu", "activation: tanh"))
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
-    out = tmp_path / "run"
+    out, ref = tmp_path / "run", tmp_path / "ref"
+    common = ["train", str(cfg), "--backend", backend, "--quiet", "--set", "data.samples=16000",
+              "--set", "train.epochs=10", "--set", "train.grad_accumulation=2", "--set", "train.checkpoint_every=0",
+              "--set", "train.elastic_commit_every=5"]
     argv = [tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
-            "--host-discovery-script", str(script),
-            *hvtrain("train", SLOW, "--elastic", "--backend", backend, "--set", "train.epochs=12", "--set", "train.checkpoint_every=0",
-                     "--output-dir", str(out))]
+            "--host-discovery-script", str(script), *hvtrain(*common, "--elastic", "--output-dir", str(out))]
     proc = subprocess.Popen(argv, cwd=ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        wait_for(lambda: len(records(out)) >= 2, proc, "two epochs on 2 ranks")
+        wait_for(lambda: len(records(out)) >= 1, proc, "an epoch on 2 ranks")
         assert records(out)[-1]["world_size"] == 2
         victim = worker_with_rank(1, str(out))
         assert victim, "rank 1 worker not found"
@@ -83,14 +96,17 @@ def test_worker_killed_then_slot_added_back(tmp_path, backend):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, output[-3000:]
     history = records(out)
-    assert [r["epoch"] for r in history] == list(range(1, 13))  # every epoch once, none lost or repeated
+    assert [r["epoch"] for r in history] == list(range(1, 11))  # every epoch once, none lost or repeated
     sizes = [r["world_size"] for r in history]
     assert sizes.count(1) >= 1 and sizes[-1] == 2  # shrank to the survivor, grew back
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["elastic"] and summary["val_accuracy"] >= 0.85, summary
     # The rejoined worker took rank 0's weights at the join: had it kept its own, the replicas would
     # still differ at the end (both apply the same averaged updates) and the run would have failed.
-    assert summary["replicas_agree"] is True and summary["world_size"] == 2
+    assert summary["elastic"] and summary["replicas_agree"] is True and summary["world_size"] == 2, summary
+    run(mpirun(2, *common, "--output-dir", str(ref)), timeout=400)
+    a, b = load_weights(out / "final.safetensors"), load_weights(ref / "final.safetensors")
+    gap = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+    assert gap <= 1e-6, f"the run that shrank and grew back differs from the uninterrupted one by {gap}"
 
 
 def test_elastic_launch_without_the_flag_still_starts_every_rank_equal(tmp_path):
