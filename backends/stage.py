@@ -77,6 +77,10 @@ class StageEngine(ABC):
     def param_count(self) -> int:
         """Trainable parameters held by this rank."""
 
+    @abstractmethod
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (its share of the stage's, when sharded)."""
+
     def peak_activation_bytes(self) -> int | None:
         """Measured peak bytes of tensors saved for backward, if the framework exposes them."""
         return None

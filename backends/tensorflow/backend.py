@@ -133,7 +133,7 @@ class TensorFlowBackend(Backend):
     def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
                     outputs: tuple[int, ...], device: str, weights: dict[str, np.ndarray], replicas: int,
                     runtime: Collectives, process_set: Any) -> TensorFlowStage:
-        return TensorFlowStage(runtime.horovod, cfg, spec, layers, sources, outputs, device, replicas, weights,
+        return TensorFlowStage(runtime, cfg, spec, layers, sources, outputs, device, replicas, weights,
                                process_set)
 
     # -- compiled steps ----------------------------------------------------------------------

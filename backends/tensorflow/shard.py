@@ -34,15 +34,18 @@ PIECE, STANDIN = "hvtrain_zero_", "hvtrain_standin_"
 
 class ShardedOptimizer:
     """The optimizer of `variables` (the model's trainable variables, in order) with state sharded
-    over the ranks of `runtime` (its Horovod binding: hvtrain.runtime.tensorflow_horovod).
+    over the ranks of `runtime` (its Horovod binding: hvtrain.runtime.tensorflow_horovod), or over
+    those of a Horovod `process_set` (a pipeline stage's data-parallel replicas).
 
     Raises:
         ConfigError: at train.shard_optimizer, no trainable variable or several dtypes.
     """
 
-    def __init__(self, cfg: Config, variables: list, runtime: Collectives) -> None:
-        self.runtime, self.horovod = runtime, runtime.horovod
-        self.rank, self.size, self.variables_of_model = runtime.info.rank, runtime.info.size, variables
+    def __init__(self, cfg: Config, variables: list, runtime: Collectives, process_set: Any = None) -> None:
+        self.runtime, self.horovod, self.process_set = runtime, runtime.horovod, process_set
+        self.rank, self.size = (runtime.info.rank, runtime.info.size) if process_set is None else \
+            (process_set.rank(), process_set.size())
+        self.variables_of_model = variables
         size = self.size
         dtypes = sorted({str(v.dtype) for v in variables})
         if dtypes != ["float32"]:
@@ -87,11 +90,12 @@ class ShardedOptimizer:
         to the averaged gradient, as unsharded), the model's variables assigned the new values."""
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads]
                          + ([tf.zeros([self.padded - self.total])] if self.padded > self.total else []), 0)
-        piece_grads = [self.horovod.reducescatter_mean(flat[a:b], f"hvtrain.zero.g{a}") for a, b in self.chunks]
+        piece_grads = [self.horovod.reducescatter_mean(flat[a:b], f"hvtrain.zero.g{a}", self.process_set)
+                       for a, b in self.chunks]
         if l2:
             piece_grads = [g + l2 * p.value for g, p in zip(piece_grads, self.pieces, strict=True)]
         self.optimizer.apply(piece_grads, self.pieces)
-        full = tf.concat([self.horovod.allgather(p.value, f"hvtrain.zero.p{a}")
+        full = tf.concat([self.horovod.allgather(p.value, f"hvtrain.zero.p{a}", self.process_set)
                           for p, (a, _) in zip(self.pieces, self.chunks, strict=True)], 0)
         at = 0
         for v, shape, n in zip(self.variables_of_model, self.shapes, self.sizes, strict=True):
@@ -116,7 +120,8 @@ class ShardedOptimizer:
         slots = self._slots()
         per_element = [k for k, vs in slots.items() if len(vs[0].shape)]
         blobs = self.runtime.gather_bytes(encode({f"{slot}.{j}": np.asarray(v.numpy()) for slot in per_element
-                                                  for j, v in enumerate(slots[slot])}))
+                                                  for j, v in enumerate(slots[slot])}),
+                                          process_set=self.process_set)
         if blobs is None:
             return {}
         shares, full = [decode(blob) for blob in blobs], {}

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from hvtrain.backends.base import Collectives
 from hvtrain.backends.stage import StageEngine
 from hvtrain.config.schema import Config
 from hvtrain.config.validate import per_sample_randomness
@@ -36,16 +37,17 @@ from hvtrain.model.spec import INPUT, ModelSpec, draws_random, per_layer
 
 from .draws import SampleDraws, keyed
 from .model import build_model, layer_from_native, layer_to_native, native_layers
-from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
+from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, state_bytes, training_state
+from .shard import ShardedOptimizer
 
 POLICY = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 class TensorFlowStage(StageEngine):
-    def __init__(self, horovod: Any, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
-                 outputs: tuple[int, ...], device: str, replicas: int, weights: dict[str, np.ndarray],
-                 process_set: Any) -> None:
-        self.horovod, self.cfg, self.replicas, self.process_set = horovod, cfg, replicas, process_set
+    def __init__(self, runtime: Collectives, cfg: Config, spec: ModelSpec, layers: list[int],
+                 sources: tuple[int, ...], outputs: tuple[int, ...], device: str, replicas: int,
+                 weights: dict[str, np.ndarray], process_set: Any) -> None:
+        self.horovod, self.cfg, self.replicas, self.process_set = runtime.horovod, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = "/CPU:0" if device == "cpu" else f"/GPU:{device.split(':')[1]}"
         self.draws = SampleDraws() if per_sample_randomness(cfg) and draws_random(self.layers) else None
@@ -56,8 +58,12 @@ class TensorFlowStage(StageEngine):
             grouped = per_layer(spec, weights)
             for layer, native in zip(self.layers, self.natives, strict=True):
                 layer_to_native(layer, native, grouped[layer.index])
-            self.optimizer = make_optimizer(cfg, self.model)
             self.vars = self.model.trainable_variables
+            # train.shard_optimizer: 1/replicas of the stage's optimizer state on each of its replicas
+            # (one replica has nothing to share it with: the whole-state optimizer, the same update)
+            self.sharded = cfg.train.shard_optimizer and process_set is not None
+            self.optimizer = ShardedOptimizer(cfg, self.vars, runtime, process_set) if self.sharded \
+                else make_optimizer(cfg, self.model)
             self.accum = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in self.vars]
         self.loss_fn = LOSSES[cfg.loss]
         self.l2 = cfg.optimizer.weight_decay if cfg.optimizer.name != "adamw" else 0.0
@@ -106,6 +112,8 @@ class TensorFlowStage(StageEngine):
             """Average over the stage's replicas, unscale, add L2 (on the unscaled gradient, as the
             unpipelined step does); whether all are finite, if asked."""
             grads = [acc.read_value() for acc in self.accum]
+            if self.sharded:  # the optimizer reduce-scatters them and adds L2 (fp16, on_nan: skip refused with it)
+                return [g * inv_scale for g in grads], True
             if self.process_set is not None:
                 grads = self.horovod.average(grads, self.cfg.horovod.num_groups, "hvtrain.stage_grads",
                                              self.cfg.train.compression, self.process_set)
@@ -116,7 +124,10 @@ class TensorFlowStage(StageEngine):
             return grads, finite
 
         def apply(grads) -> None:
-            self.optimizer.apply(grads, self.vars)
+            if self.sharded:
+                self.optimizer.apply(grads, self.l2)
+            else:
+                self.optimizer.apply(grads, self.vars)
             for acc in self.accum:
                 acc.assign(tf.zeros_like(acc))
 
@@ -231,6 +242,9 @@ class TensorFlowStage(StageEngine):
 
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.vars))
+
+    def optimizer_state_bytes(self) -> int:
+        return self.optimizer.state_bytes() if self.sharded else state_bytes(self.optimizer)
 
     def peak_activation_bytes(self) -> int | None:
         return None  # TF's tapes do not expose the tensors they keep for backward

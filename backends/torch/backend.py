@@ -101,7 +101,7 @@ class TorchBackend(Backend):
     def build_stage(self, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
                     outputs: tuple[int, ...], device: str, weights: dict[str, np.ndarray], replicas: int,
                     runtime: Collectives, process_set: Any) -> TorchStage:
-        return TorchStage(runtime.horovod, cfg, spec, layers, sources, outputs, device, replicas, weights, process_set)
+        return TorchStage(runtime, cfg, spec, layers, sources, outputs, device, replicas, weights, process_set)
 
     # -- steps -----------------------------------------------------------------------------
     def set_lr(self, lr: float) -> None:

@@ -39,15 +39,18 @@ def _per_element(key: str, value: Any, param: torch.Tensor) -> bool:
 
 class ShardedOptimizer:
     """The optimizer of `params` (the model's trainable parameters, in order) with state sharded
-    over the ranks of `runtime` (its Horovod binding: hvtrain.runtime.torch_horovod.TorchHorovod).
+    over the ranks of `runtime` (its Horovod binding: hvtrain.runtime.torch_horovod.TorchHorovod),
+    or over those of a Horovod `process_set` (a pipeline stage's data-parallel replicas).
 
     Raises:
         ConfigError: at train.shard_optimizer, no trainable parameter or several dtypes (one flat buffer).
     """
 
-    def __init__(self, cfg: Config, params: list[torch.nn.Parameter], runtime: Collectives) -> None:
-        self.runtime, self.horovod = runtime, runtime.horovod
-        self.rank, self.size = runtime.info.rank, runtime.info.size
+    def __init__(self, cfg: Config, params: list[torch.nn.Parameter], runtime: Collectives,
+                 process_set: Any = None) -> None:
+        self.runtime, self.horovod, self.process_set = runtime, runtime.horovod, process_set
+        self.rank, self.size = (runtime.info.rank, runtime.info.size) if process_set is None else \
+            (process_set.rank(), process_set.size())
         rank, size = self.rank, self.size
         dtypes = sorted({str(p.dtype) for p in params})
         if len(dtypes) != 1:
@@ -111,7 +114,7 @@ class ShardedOptimizer:
 
     def _reduce(self, c: int) -> None:
         a, b = self.chunks[c]
-        self.reducing[c] = self.horovod.average_(self.grads[a:b], f"hvtrain.zero.g{a}")
+        self.reducing[c] = self.horovod.average_(self.grads[a:b], f"hvtrain.zero.g{a}", self.process_set)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -151,7 +154,7 @@ class ShardedOptimizer:
             piece.grad = self.grads[a + self.rank * n: a + (self.rank + 1) * n]  # this rank's piece's mean
             self.optimizer.step()  # only the piece with a gradient moves
             piece.grad = None
-            gathering.append((a, b, self.horovod.allgather(piece.detach(), f"hvtrain.zero.p{a}")))
+            gathering.append((a, b, self.horovod.allgather(piece.detach(), f"hvtrain.zero.p{a}", self.process_set)))
             if len(gathering) > 1:  # at most two chunks' gathered copies alive at once (peak memory)
                 a, b, gathered = gathering.pop(0)
                 self.flat[a:b].copy_(gathered())
@@ -160,9 +163,9 @@ class ShardedOptimizer:
 
     # -- the unsharded optimizer's state_dict ---------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """What torch's optimizer over the model's parameters would hold, on rank 0 (the one that
-        writes checkpoints): every rank's pieces gathered there (a collective: every rank calls
-        it); the other ranks get the param groups and no state."""
+        """What torch's optimizer over the model's parameters would hold, on rank 0 (of the process
+        set: the one that writes checkpoints): every rank's pieces gathered there (a collective:
+        every rank calls it); the other ranks get the param groups and no state."""
         inner = self.optimizer.state_dict()
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(range(len(self.params)))}
                   for g in inner["param_groups"]]
@@ -170,7 +173,7 @@ class ShardedOptimizer:
         mine = {f"{key}.{j}": self.optimizer.state[piece][key].detach().cpu().numpy()
                 for key in first if _per_element(key, first[key], self.pieces[0])
                 for j, piece in enumerate(self.pieces)}
-        blobs = self.runtime.gather_bytes(encode(mine))
+        blobs = self.runtime.gather_bytes(encode(mine), process_set=self.process_set)
         if blobs is None or not first:
             return {"state": {}, "param_groups": groups}
         shares = [decode(blob) for blob in blobs]

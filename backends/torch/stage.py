@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hvtrain.backends.base import Collectives
 from hvtrain.backends.stage import StageEngine
 from hvtrain.config.schema import Config
 from hvtrain.config.validate import per_sample_randomness
@@ -16,7 +17,8 @@ from hvtrain.model.spec import INPUT, ModelSpec, draws_random, per_layer
 
 from .draws import SampleDraws, keyed
 from .model import build_model, layer_from_native, layer_to_native
-from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, training_state
+from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, state_bytes, training_state
+from .shard import ShardedOptimizer
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -26,10 +28,10 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
 
 
 class TorchStage(StageEngine):
-    def __init__(self, horovod: Any, cfg: Config, spec: ModelSpec, layers: list[int], sources: tuple[int, ...],
-                 outputs: tuple[int, ...], device: str, replicas: int, weights: dict[str, np.ndarray],
-                 process_set: Any) -> None:
-        self.horovod, self.cfg, self.replicas, self.process_set = horovod, cfg, replicas, process_set
+    def __init__(self, runtime: Collectives, cfg: Config, spec: ModelSpec, layers: list[int],
+                 sources: tuple[int, ...], outputs: tuple[int, ...], device: str, replicas: int,
+                 weights: dict[str, np.ndarray], process_set: Any) -> None:
+        self.horovod, self.cfg, self.replicas, self.process_set = runtime.horovod, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = torch.device("cpu" if device == "cpu" else f"cuda:{device.split(':')[1]}")
         self.draws = SampleDraws() if per_sample_randomness(cfg) and draws_random(self.layers) else None
@@ -39,7 +41,11 @@ class TorchStage(StageEngine):
         for layer, native in zip(self.layers, self.module.layers, strict=True):
             layer_to_native(layer, native, grouped[layer.index])
         self.module.to(self.device).train()
-        self.optimizer = make_optimizer(cfg, self.module)
+        # train.shard_optimizer: 1/replicas of the stage's optimizer state on each of its replicas
+        # (one replica has nothing to share it with: the whole-state optimizer, the same update)
+        self.sharded = cfg.train.shard_optimizer and process_set is not None
+        self.optimizer = ShardedOptimizer(cfg, [p for p in self.module.parameters() if p.requires_grad], runtime,
+                                          process_set) if self.sharded else make_optimizer(cfg, self.module)
         self.loss_fn = LOSSES[cfg.loss]
         self.autocast = AUTOCAST.get(cfg.train.precision)
         self.graphs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -118,6 +124,8 @@ class TorchStage(StageEngine):
         return [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
 
     def reduce_gradients(self, inv_scale: float = 1.0, check_finite: bool = True) -> bool:
+        if self.sharded:  # the optimizer's step reduces each chunk (fp16 and on_nan: skip are refused with it)
+            return True
         params = self._params()
         if self.process_set is not None:
             reduced = self.horovod.average([p.grad for p in params], self.cfg.horovod.num_groups,
@@ -137,7 +145,10 @@ class TorchStage(StageEngine):
     def discard_gradients(self) -> None:
         self.graphs.clear()
         self.saved.clear()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.sharded:  # the .grad tensors are views of its buffer
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -174,6 +185,9 @@ class TorchStage(StageEngine):
 
     def param_count(self) -> int:
         return sum(p.numel() for p in self.module.parameters() if p.requires_grad)
+
+    def optimizer_state_bytes(self) -> int:
+        return self.optimizer.state_bytes() if self.sharded else state_bytes(self.optimizer)
 
     def peak_activation_bytes(self) -> int | None:
         return self.peak_bytes

@@ -192,7 +192,6 @@ def _check_sharding(cfg: Config) -> None:
     """What train.shard_optimizer does not cover yet: refused at the key that asks for it."""
     t = cfg.train
     refusals = [
-        (cfg.parallel.pipeline.stages > 1, "is built for data parallelism; pipelined stages are not sharded yet"),
         (t.precision == "fp16", "and train.precision fp16 (the loss scale's skip decision) are not combined yet; "
                                 "bf16 or fp32 shard"),
         (t.on_nan == "skip", "and train.on_nan: skip are not combined yet"),

@@ -195,6 +195,9 @@ class PipelineSteps(StepRunner):
         self.engine.discard_gradients()
         self._nonfinite = False
 
+    def optimizer_state_bytes(self) -> int | None:
+        return self.engine.optimizer_state_bytes()
+
     def summary(self) -> dict[str, Any]:
         p = self.plan
         return {"stages": p.num_stages, "replicas": p.replicas, "micro_batches": p.micro_batches,

@@ -163,15 +163,17 @@ class Runtime:
     def allgather_object(self, obj: Any) -> list[Any]:
         return [obj] if self.info.size == 1 else self._hvd.allgather_object(obj, name="hvtrain.objects")
 
-    def gather_bytes(self, blob: bytes, root: int = 0) -> list[bytes] | None:
-        """Every rank's bytes on `root` (in rank order), None elsewhere: the other ranks receive nothing."""
-        size = self.info.size
+    def gather_bytes(self, blob: bytes, root: int = 0, process_set: Any = None) -> list[bytes] | None:
+        """Every rank's bytes on `root` (in rank order), None elsewhere: the other ranks receive nothing.
+        With a Horovod `process_set`: among its ranks, `root` and the order by rank within the set."""
+        rank, size = (self.info.rank, self.info.size) if process_set is None else \
+            (process_set.rank(), process_set.size())
         if size == 1:
             return [blob]
         splits = np.zeros(size, np.int32)
         splits[root] = len(blob)
-        got, received = self._alltoall(np.frombuffer(blob, np.uint8), splits, "hvtrain.gather_bytes")
-        if self.info.rank != root:
+        got, received = self._alltoall(np.frombuffer(blob, np.uint8), splits, "hvtrain.gather_bytes", process_set)
+        if rank != root:
             return None
         bounds = np.concatenate([[0], np.cumsum(received)])
         return [got[bounds[r]: bounds[r + 1]].tobytes() for r in range(size)]
@@ -190,8 +192,10 @@ class Runtime:
         got, _ = self._alltoall(send, splits, "hvtrain.scatter_bytes")
         return got.tobytes()
 
-    def _alltoall(self, data: np.ndarray, splits: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-        out = self._hvd.alltoall(self._as_tensor(data), splits=self._as_tensor(splits), name=name)
+    def _alltoall(self, data: np.ndarray, splits: np.ndarray, name: str, process_set: Any = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        kwargs = {"process_set": process_set} if process_set is not None else {}
+        out = self._hvd.alltoall(self._as_tensor(data), splits=self._as_tensor(splits), name=name, **kwargs)
         got, received = out if isinstance(out, (tuple, list)) else (out, None)
         got = np.asarray(got.numpy(), np.uint8)
         received = np.asarray(received.numpy(), np.int64) if received is not None else np.array([len(got)])

@@ -45,13 +45,16 @@ class TensorFlowHorovod:
         return grouped_allreduce(hvd, tensors, num_groups, name, op=hvd.Average,
                                  compression=self.compression(compression), **kwargs)
 
-    def reducescatter_mean(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
-        """Rank r's 1/size of `tensor` (split on its first axis), averaged over the ranks."""
-        return hvd.reducescatter(tensor, op=hvd.Average, name=name)
+    def reducescatter_mean(self, tensor: tf.Tensor, name: str, process_set: Any = None) -> tf.Tensor:
+        """Rank r's 1/size of `tensor` (split on its first axis), averaged over the ranks (of
+        `process_set`: r is the rank within it)."""
+        kwargs = {"process_set": process_set} if process_set is not None else {}
+        return hvd.reducescatter(tensor, op=hvd.Average, name=name, **kwargs)
 
-    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
-        """Every rank's `tensor`, concatenated in rank order on the first axis."""
-        return hvd.allgather(tensor, name=name)
+    def allgather(self, tensor: tf.Tensor, name: str, process_set: Any = None) -> tf.Tensor:
+        """Every rank's (of `process_set`) `tensor`, concatenated in rank order on the first axis."""
+        kwargs = {"process_set": process_set} if process_set is not None else {}
+        return hvd.allgather(tensor, name=name, **kwargs)
 
     def elastic_state(self, shared: Any, local: Any, counters: dict[str, Any]) -> Any:
         """Horovod elastic state for Keras 3 variables: `shared()` (weights, optimizer) saved,

@@ -69,3 +69,35 @@ def test_sharded_state_trains_the_unsharded_run_with_half_the_state_per_rank(tmp
         said = run([*argv, "--output-dir", str(tmp_path / name), "--resume", str(mid(made))], timeout=300).stdout
         assert "resumed from" in said, said
         assert weights_gap(whole, tmp_path / name) <= 1e-6, name
+
+
+HYBRID = """name: zero-hybrid
+seed: 5
+data: {{dataset: 'sklearn:digits', global_batch_size: 64, normalize: minmax}}
+model: {{input_shape: [64], layers: [{{type: dense, units: 48, activation: relu}}, {{type: dropout, rate: 0.2}},
+                                    {{type: dense, units: 32, activation: relu}}, {{type: dense, units: 10}}]}}
+parallel: {{pipeline: {{stages: 2, micro_batches: 2, placement: {{0: [0, 1], 1: [2, 3]}}}}}}
+optimizer: {optimizer}
+horovod: {{fusion_threshold_mb: 0.004}}
+train: {{epochs: 1, threads: 1, checkpoint_unit: step, checkpoint_every: 10, keep: 5}}
+"""
+
+
+@pytest.mark.parametrize(("backend", "optimizer"), [("torch", ADAM), ("tensorflow", SGD)])
+def test_a_hybrid_shards_each_stage_over_its_replicas(tmp_path, backend, optimizer):
+    """2 stages x 2 replicas (np=4): each stage's state is cut over its two replicas (a Horovod
+    process set each), the training is the unsharded hybrid's, and its checkpoint (each stage's
+    whole state, gathered on the stage's first replica) resumes as a 2-rank pipeline without
+    replicas to the uninterrupted run's weights."""
+    config = tmp_path / "hybrid.yaml"
+    config.write_text(f"backend: {backend}\n" + HYBRID.format(optimizer=optimizer))
+    whole, sharded, resumed = tmp_path / "whole", tmp_path / "sharded", tmp_path / "resumed"
+    run(mpirun(4, "train", str(config), "--quiet", "--output-dir", str(whole)), timeout=400)
+    run(mpirun(4, "train", str(config), *SHARD, "--quiet", "--output-dir", str(sharded)), timeout=400)
+    assert weights_gap(whole, sharded) <= 1e-6
+    full, half = state_bytes(whole), state_bytes(sharded)
+    assert all(abs(h - f / 2) <= 16 for f, h in zip(full, half, strict=True)) and min(half) > 0, (full, half)
+    mid = next(p for p in list_checkpoints(sharded) if step_of(p) == 10)
+    said = run(mpirun(2, "train", str(config), "--quiet", "--output-dir", str(resumed), "--resume", str(mid)),
+               timeout=400).stdout
+    assert weights_gap(sharded, resumed) <= 1e-6, said

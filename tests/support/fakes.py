@@ -84,7 +84,7 @@ class SimRuntime:
         self.calls.append("allgather_object")
         return self.shared.exchange(self.rank, obj)
 
-    def gather_bytes(self, blob: bytes, root: int = 0) -> list[bytes] | None:
+    def gather_bytes(self, blob: bytes, root: int = 0, process_set: Any = None) -> list[bytes] | None:
         self.calls.append("gather_bytes")
         got = self.shared.exchange(self.rank, blob)
         return got if self.rank == root else None

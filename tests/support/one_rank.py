@@ -33,7 +33,7 @@ class FakeRuntime:
     def allgather_object(self, obj) -> list:
         return [obj] * self.info.size
 
-    def gather_bytes(self, blob: bytes, root: int = 0) -> list[bytes]:
+    def gather_bytes(self, blob: bytes, root: int = 0, process_set: Any = None) -> list[bytes]:
         return [blob] + [b""] * (self.info.size - 1)
 
     def scatter_bytes(self, blobs: list[bytes], root: int = 0) -> bytes:

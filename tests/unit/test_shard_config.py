@@ -22,8 +22,11 @@ def test_a_data_parallel_run_may_shard(tmp_path, backend):
     assert cfg(tmp_path, f"backend: {backend}\n").train.shard_optimizer
 
 
+def test_a_pipeline_may_shard_each_stage_over_its_replicas(tmp_path):
+    assert cfg(tmp_path, "parallel: {pipeline: {stages: 2}}\n").train.shard_optimizer
+
+
 @pytest.mark.parametrize(("extra", "train", "why"), [
-    ("parallel: {pipeline: {stages: 2}}\n", "", "pipelined stages are not sharded yet"),
     ("", ", precision: fp16", "train.precision fp16"),
     ("", ", on_nan: skip", "train.on_nan: skip are not combined yet"),
     ("", ", compression: fp16", "train.compression fp16 is not combined"),
