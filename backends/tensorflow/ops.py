@@ -147,11 +147,27 @@ def training_state(model: keras.Model, optimizer: Any, scaler=None) -> dict[str,
 
 def load_training_state(state: dict[str, np.ndarray], model: keras.Model, optimizer: Any,
                         scaler=None, rng: bool = True) -> None:
-    for i, v in enumerate(model.variables):
-        if not is_rng(v):
-            v.assign(state[f"model.{i}"])
-        elif rng:
-            v.assign(state[f"rng.model.{i}"])
+    """The saved model variables in order, the seed generators apart: `model.{i}` counts every
+    variable, and a catalogue dropout has a seed generator under train.randomness: per_rank and
+    none under per_sample, so a checkpoint of the other mode (or from before the key) shifts the
+    positions; its seed generators are restored only when the model has the same ones."""
+    def ordered(prefix: str) -> list[np.ndarray]:
+        found = sorted((int(k[len(prefix):]), k) for k in state if k.startswith(prefix) and k[len(prefix):].isdigit())
+        return [state[k] for _, k in found]
+
+    weights, seeds = ordered("model."), ordered("rng.model.")
+    plain = [v for v in model.variables if not is_rng(v)]
+    generators = [v for v in model.variables if is_rng(v)]
+    if len(weights) != len(plain) or any(tuple(np.shape(a)) != tuple(v.shape) for a, v in zip(weights, plain, strict=True)):
+        from hvtrain.errors import HvtrainError
+
+        raise HvtrainError(f"the checkpoint's model state does not fit this model ({len(weights)} saved variables "
+                           f"for its {len(plain)})")
+    for v, value in zip(plain, weights, strict=True):
+        v.assign(value)
+    if rng and len(seeds) == len(generators):
+        for v, value in zip(generators, seeds, strict=True):
+            v.assign(value)
     if not isinstance(optimizer, keras.optimizers.Optimizer):  # sharded: this rank's pieces of it
         optimizer.load_arrays(state)
         return

@@ -51,6 +51,12 @@ class ShardedOptimizer:
         if dtypes != ["float32"]:
             raise cfg.fail("train.shard_optimizer", "keeps the trainable variables in float32 pieces; "
                            + (f"the model's are {', '.join(dtypes)}" if dtypes else "the model has none"))
+        constrained = [v.path for v in variables if getattr(v, "constraint", None) is not None
+                       or getattr(v, "overwrite_with_gradient", False)]
+        if constrained:  # the optimizer applies them to the variables it updates: here, the pieces
+            raise cfg.fail("train.shard_optimizer", "updates pieces of the weights, where Keras applies no "
+                           f"constraint (nor overwrite_with_gradient); {constrained[0]} has one: train this model "
+                           "without sharding")
         self.shapes = [tuple(v.shape) for v in variables]
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.total = sum(self.sizes)

@@ -145,6 +145,14 @@ class TorchBackend(Backend):
 
     def _update(self) -> None:
         distributed = self.runtime.distributed
+        if not distributed and self.spec is None and not isinstance(self.optimizer, ShardedOptimizer):
+            # A native model's parameter that got no gradient (an unused head, a branch not taken)
+            # steps on a zero one, as Horovod's optimizer fills it in on N > 1 ranks and the sharded
+            # optimizer's buffer does: weight decay moves it the same on any rank count (a plain
+            # optimizer skips a parameter without .grad)
+            for param in self.model.parameters():
+                if param.requires_grad and param.grad is None:
+                    param.grad = torch.zeros_like(param)
         if distributed and (self.scaler is not None or self.skip_nan):
             self.optimizer.synchronize()  # averaged gradients, before deciding anything on them
         if self.scaler is not None:

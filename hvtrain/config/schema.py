@@ -173,8 +173,10 @@ class TrainConfig:
     # per_rank: each rank's framework stream (what a model.entrypoint model's own layers always draw from).
     # auto: per_sample for model.layers, per_rank for model.entrypoint.
     randomness: Literal["auto", "per_sample", "per_rank"] = "auto"
-    # ZeRO stage 1: each rank keeps 1/N of the optimizer state; gradients reduce-scattered, parameters
-    # allgathered (the same update as unsharded; checkpoints hold the whole state, any world resumes them)
+    # ZeRO stage 1: each rank keeps 1/N of the optimizer state (a pipeline stage's: over its replicas);
+    # each rank reduces the gradients of its 1/N (TF: Horovod's reducescatter; torch: an in-place
+    # allreduce, faster at np=2), updates it, parameters allgathered (the same update as unsharded;
+    # checkpoints hold the whole state, any world resumes them)
     shard_optimizer: bool = False
     elastic_commit_every: int = _ranged(20, lo=1)  # --elastic: optimizer steps between in-memory state commits
     signal_check_every: int = _ranged(10, lo=1)  # steps between world-wide checks for SIGTERM/SIGUSR1

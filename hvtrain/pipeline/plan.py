@@ -104,6 +104,13 @@ def make_plan(cfg: Config, spec: ModelSpec | None, world_size: int, local_device
     for s, (first, last) in enumerate(bounds):
         device = _device(cfg, s, local_devices)
         params = sum(spec.layers[i].param_count for i in range(first, last + 1))
+        if not any(w.trainable for i in range(first, last + 1) for w in spec.layers[i].weights):
+            # its optimizer would have nothing to update (torch refuses an empty one; sharding cuts nothing)
+            types = ", ".join(f"{i}: {spec.layers[i].type}" for i in range(first, last + 1))
+            raise cfg.fail("parallel.pipeline.placement" if cfg.parallel.pipeline.placement != "auto"
+                           else "parallel.pipeline.stages",
+                           f"stage {s} holds no trainable weight (layers {types}); every stage needs one: "
+                           "move these layers into a neighbouring stage with parallel.pipeline.placement")
         sources = (INPUT,) if s == 0 else crossing(spec, first - 1)
         outputs = (spec.output_index,) if s == S - 1 else crossing(spec, last)
         if s > 0 and INPUT in sources and spec.integer_input:

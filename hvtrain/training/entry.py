@@ -185,6 +185,9 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
                                        stage.device, weights, s.plan.replicas, rt,
                                        rt.process_set(index) if s.plan.replicas > 1 else None)
         steps = PipelineSteps(cfg, s.plan, p.spec, engine, rt, s.comm, metrics)
+        if cfg.train.shard_optimizer and s.plan.replicas == 1:
+            reporter.notice("train.shard_optimizer: each pipeline stage has one replica here, so each keeps its "
+                            "whole optimizer state (a stage's state is cut over its data-parallel replicas)")
         layout = stage_layout(s.plan)
     del weights  # the model holds them now: not a second copy of every weight for the whole run
     # travels with every checkpoint and final.safetensors (predict from it), with the output form decided above

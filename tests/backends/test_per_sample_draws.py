@@ -43,3 +43,22 @@ def test_a_training_step_without_the_samples_keys_is_refused(backend_name):
     x, y = p.data.x_train[:4], p.data.y_train[:4]
     with pytest.raises(ValueError, match="per_sample"):
         backend.train_step(x, y, np.full(4, 0.25, np.float32), apply=True)
+
+
+@pytest.mark.parametrize("saved_under,resumed_under", [("per_rank", "per_sample"), ("per_sample", "per_rank")])
+def test_a_checkpoint_resumes_under_the_other_masks_mode(backend_name, saved_under, resumed_under):
+    """Defect (cold review): TensorFlow keyed its model variables by position, and a Keras dropout
+    has a seed generator under per_rank and none under per_sample, so a dropout model's checkpoint
+    from the other mode (or from before train.randomness, per-rank masks) failed to load
+    (KeyError 'model.2'). The weights and optimizer state load, in either direction."""
+    saved, p = make_backend(backend_name, TRANSFORMER, f"train.randomness={saved_under}", "train.threads=0")
+    x, y = p.data.x_train[:4], p.data.y_train[:4]
+    keys = dropout_keys(p.cfg.seed, 0, np.arange(4)) if saved_under == "per_sample" else None
+    saved.train_step(x, y, np.full(4, 0.25, np.float32), apply=True, keys=keys)
+    state = saved.get_state()
+    resumed, _ = make_backend(backend_name, TRANSFORMER, f"train.randomness={resumed_under}", "train.threads=0")
+    resumed.set_state(state, rng=True)
+    a, b = saved.get_weights(), resumed.get_weights()
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    again = resumed.get_state()
+    assert all(np.array_equal(state[k], again[k]) for k in state if k.startswith("optim."))

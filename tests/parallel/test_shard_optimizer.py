@@ -87,8 +87,8 @@ train: {{epochs: 1, threads: 1, checkpoint_unit: step, checkpoint_every: 10, kee
 def test_a_hybrid_shards_each_stage_over_its_replicas(tmp_path, backend, optimizer):
     """2 stages x 2 replicas (np=4): each stage's state is cut over its two replicas (a Horovod
     process set each), the training is the unsharded hybrid's, and its checkpoint (each stage's
-    whole state, gathered on the stage's first replica) resumes as a 2-rank pipeline without
-    replicas to the uninterrupted run's weights."""
+    whole state, gathered on the stage's first replica) resumes to the uninterrupted run's
+    weights: cut again over the replicas (torch), and as a 2-rank pipeline without replicas (TF)."""
     config = tmp_path / "hybrid.yaml"
     config.write_text(f"backend: {backend}\n" + HYBRID.format(optimizer=optimizer))
     whole, sharded, resumed = tmp_path / "whole", tmp_path / "sharded", tmp_path / "resumed"
@@ -98,6 +98,6 @@ def test_a_hybrid_shards_each_stage_over_its_replicas(tmp_path, backend, optimiz
     full, half = state_bytes(whole), state_bytes(sharded)
     assert all(abs(h - f / 2) <= 16 for f, h in zip(full, half, strict=True)) and min(half) > 0, (full, half)
     mid = next(p for p in list_checkpoints(sharded) if step_of(p) == 10)
-    said = run(mpirun(2, "train", str(config), "--quiet", "--output-dir", str(resumed), "--resume", str(mid)),
-               timeout=400).stdout
+    again = mpirun(4, "train", str(config), *SHARD) if backend == "torch" else mpirun(2, "train", str(config))
+    said = run([*again, "--quiet", "--output-dir", str(resumed), "--resume", str(mid)], timeout=400).stdout
     assert weights_gap(sharded, resumed) <= 1e-6, said

@@ -107,3 +107,14 @@ def test_plan_command_prints_layout_and_bubble():
     assert "cpu" in r.output
     r = CliRunner().invoke(cli, ["plan", str(EXAMPLE), "-np", "3"])
     assert r.exit_code == 2 and "must be a multiple of the 2 stages" in r.output
+
+
+@pytest.mark.parametrize("placement", ["auto", "{0: [0, 0], 1: [1, 1], 2: [2, 3]}"])
+def test_a_stage_without_a_trainable_weight_is_refused_at_the_plan(tmp_path, placement):
+    """Cold review (issue 24): auto placement put a dropout alone in a stage; torch then failed
+    after Horovod's start on an empty optimizer (and sharding blamed the model), on that stage's
+    ranks only. The plan refuses it, naming the stage and its layers."""
+    layers = ("    - {type: dense, units: 256, activation: relu}\n    - {type: dropout, rate: 0.2}\n"
+              "    - {type: activation, activation: relu}\n    - {type: dense, units: 10}\n")
+    with pytest.raises(ConfigError, match=r"stage 1 holds no trainable weight \(layers 1: dropout"):
+        plan_for(tmp_path, f"    stages: 3\n    placement: {placement}\n", 3, layers)
