@@ -158,7 +158,8 @@ def load_training_state(state: dict[str, np.ndarray], model: keras.Model, optimi
     weights, seeds = ordered("model."), ordered("rng.model.")
     plain = [v for v in model.variables if not is_rng(v)]
     generators = [v for v in model.variables if is_rng(v)]
-    if len(weights) != len(plain) or any(tuple(np.shape(a)) != tuple(v.shape) for a, v in zip(weights, plain, strict=True)):
+    if len(weights) != len(plain) or any(tuple(np.shape(a)) != tuple(v.shape)
+                                         for a, v in zip(weights, plain, strict=True)):
         from hvtrain.errors import HvtrainError
 
         raise HvtrainError(f"the checkpoint's model state does not fit this model ({len(weights)} saved variables "
