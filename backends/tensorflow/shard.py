@@ -101,7 +101,7 @@ class ShardedOptimizer:
         if l2:
             piece_grads = [g + l2 * p.value for g, p in zip(piece_grads, self.pieces, strict=True)]
         self.optimizer.apply(piece_grads, self.pieces)
-        full = tf.concat([self.horovod.allgather(p.value, f"hvtrain.zero.p{a}", self.process_set)
+        full = tf.concat([self.horovod.allgather(p, f"hvtrain.zero.p{a}", self.process_set)
                           for p, (a, _) in zip(self.pieces, self.chunks, strict=True)], 0)
         at = 0
         for v, shape, n in zip(self.variables_of_model, self.shapes, self.sizes, strict=True):

@@ -28,12 +28,24 @@ MODULE = "hvtrain.launch.horovodrun"  # how manifests recognise this launcher in
 # as horovod/runner/hvtrain_patch.py by scripts/build_horovod.sh; tests/unit/test_signals_review.py
 # holds the two equal). Without it, docs/hpc.md's plain-horovodrun and --gloo pre-emption rows are false.
 RUNNER_PATCH = 2
+# The PATCH of scripts/horovod_keras3.py (installed as horovod/tensorflow/hvtrain_keras3.py by make
+# setup): Horovod's TensorFlow binding under Keras 3. Without it, TensorFlow training refuses to start.
+KERAS3_PATCH = 1
 
 
 def runner_patch() -> str:
     """What the installed Horovod carries of hvtrain's launcher patch, read from its file (Horovod is
     not imported): `present (N)`, `outdated (N, expected M)`, `absent` (a site or pip Horovod), or
     `no horovod`."""
+    return _patch("runner/hvtrain_patch.py", RUNNER_PATCH, unnumbered=1)
+
+
+def keras3_patch() -> str:
+    """The same for hvtrain's Keras 3 patch of Horovod's TensorFlow binding."""
+    return _patch("tensorflow/hvtrain_keras3.py", KERAS3_PATCH)
+
+
+def _patch(rel: str, expected: int, unnumbered: int | None = None) -> str:
     import importlib.util
     import re
 
@@ -43,13 +55,13 @@ def runner_patch() -> str:
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return "no horovod"
-    path = Path(list(spec.submodule_search_locations)[0]) / "runner" / "hvtrain_patch.py"
+    path = Path(list(spec.submodule_search_locations)[0]) / rel
     try:
         found = re.search(r"^PATCH = (\d+)$", path.read_text(), re.MULTILINE)
     except OSError:
         return "absent"
-    have = int(found.group(1)) if found else 1  # the first patch had no number
-    return f"present ({have})" if have == RUNNER_PATCH else f"outdated ({have}, expected {RUNNER_PATCH})"
+    have = int(found.group(1)) if found else unnumbered  # the first launcher patch had no number
+    return f"present ({have})" if have == expected else f"outdated ({have}, expected {expected})"
 
 
 def cache_file(horovod_dir: Path, version: str) -> Path | None:

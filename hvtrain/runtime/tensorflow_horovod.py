@@ -1,8 +1,9 @@
 """Horovod's TensorFlow binding, for the TensorFlow backend: the one place that calls
 horovod.tensorflow.
 
-Under Keras 3 Horovod's ops take a variable's `.value` (the tf.Variable behind a Keras variable),
-not the Keras variable; this binding hands them over that way, so the backend never does.
+Horovod 0.28.1 was written for Keras 2; hvtrain's Keras 3 patch (scripts/horovod_keras3.py, applied
+by make setup) makes its TensorFlow API take Keras 3 variables, so they are handed over as they are.
+Without the patch this binding refuses to load, in one line, rather than fail inside Horovod.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvtrain.errors import HvtrainError
+from hvtrain.launch.horovodrun import KERAS3_PATCH, keras3_patch
 from hvtrain.runtime.horovod import grouped_allreduce
+
+if not keras3_patch().startswith("present"):
+    raise HvtrainError(f"Horovod's TensorFlow binding lacks hvtrain's Keras 3 patch ({keras3_patch()}, expected "
+                       f"{KERAS3_PATCH}): run `make setup`, or .venv/bin/python scripts/horovod_keras3.py")
 
 
 class TensorFlowHorovod:
@@ -35,7 +42,7 @@ class TensorFlowHorovod:
 
     def broadcast(self, variables: list[Any]) -> None:
         """Rank 0's values of these Keras variables to every rank."""
-        hvd.broadcast_variables([v.value for v in variables], root_rank=0)
+        hvd.broadcast_variables(list(variables), root_rank=0)
 
     def average(self, tensors: list[tf.Tensor], num_groups: int, name: str, compression: str,
                 process_set: Any = None) -> list[tf.Tensor]:

@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from hvtrain.backends.registry import BACKENDS
 from hvtrain.launch import mpi
-from hvtrain.launch.horovodrun import runner_patch
+from hvtrain.launch.horovodrun import keras3_patch, runner_patch
 from hvtrain.version import __version__
 
 # What doctor looks for per registered backend (keys are exactly hvtrain.backends.registry.BACKENDS, checked
@@ -87,6 +87,12 @@ def collect() -> Report:
                               "edits 4-8): a pre-empted horovodrun or horovodrun --gloo job, plain or under "
                               "hvtrain launch, may exit 143 or 1 without a checkpoint, not 75; use "
                               "`hvtrain launch --launcher mpirun`, or build Horovod with `make setup`")
+        if frameworks.get("tensorflow", "not installed") != "not installed":
+            hv["keras 3 patch"] = keras3 = keras3_patch()
+            if not keras3.startswith("present"):
+                r.missing.setdefault("tensorflow", []).append(
+                    f"Horovod's TensorFlow binding lacks hvtrain's Keras 3 patch ({keras3}); run `make setup` "
+                    "(or .venv/bin/python scripts/horovod_keras3.py)")
     r.sections["horovod"] = hv
     info = mpi.detect()
     r.sections["mpi"] = {"flavour": info.flavour, "version": info.version or "-", "mpirun": info.path or "-",

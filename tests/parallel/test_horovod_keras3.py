@@ -1,0 +1,22 @@
+"""Horovod's TensorFlow API under Keras 3 (issue 25): broadcast_variables, DistributedGradientTape
+and a partial one with a Keras variable registered local, the Keras DistributedOptimizer in
+model.fit, SyncBatchNormalization, TensorFlowKerasState and the Keras callbacks, as a user's
+hand-written Horovod code calls them, on 2 real ranks (tests/fixtures/keras3_conformance.py).
+On Horovod 0.28.1 without hvtrain's patch every check fails: six exceptions, and model.fit with the
+DistributedOptimizer trains each rank on its own gradients, silently (0.07 from the averaged run)."""
+
+from __future__ import annotations
+
+from tests.conftest import run
+from tests.support.launch import mpirun_command
+
+CHECKS = ["broadcast_variables", "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+          "SyncBatchNormalization", "TensorFlowKerasState", "callbacks"]
+
+
+def test_horovods_tensorflow_api_takes_keras_3_variables_models_and_optimizers():
+    proc = run(mpirun_command(2, "python", "tests/fixtures/keras3_conformance.py"), timeout=300, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, "\n".join(line for line in out.splitlines() if line.startswith(("ok", "FAILED")))
+    for name in CHECKS:
+        assert f"ok {name} (rank 0)" in out and f"ok {name} (rank 1)" in out, name
