@@ -27,9 +27,25 @@ The edits, each checked (the script fails when one does not apply) and idempoten
      (Keras 3 has no backend.get_value nor optimizer.lr); momentum correction is skipped there
      with a warning (Keras 3 traces a float momentum into its update); MetricAverageCallback
      averages with tf.constant (Keras 3 has no backend.constant).
-  7. The Keras DistributedOptimizer under Keras 3: `apply` (what Keras 3's apply_gradients and
-     model.fit call) allreduces the gradients first; `compute_gradients`/`_compute_gradients`
-     take Keras 3's (no base method: the tape's gradient).
+  7. The Keras DistributedOptimizer under Keras 3: `apply` (what Keras 3's apply_gradients,
+     model.fit and LossScaleOptimizer call) allreduces the gradients unless they are
+     compute_gradients' own result (recognised by identity, not by a flag a lone
+     compute_gradients could leave set), accumulates them first with backward_passes_per_step > 1
+     and updates on aggregation steps only; compute_gradients differentiates the tf.Variables;
+     apply_gradients drops Keras 2's experimental_aggregate_gradients; the wrapped class keeps the
+     optimizer's module, so a saved model loads without Horovod.
+  8. SyncBatchNormalization under Keras 3 passes a mask on and is never jit-compiled (Horovod's
+     allreduce has no XLA kernel). Whether tf.keras is Keras 3 is read from tf.keras itself
+     (TF_USE_LEGACY_KERAS makes it Keras 2 beside a Keras 3 `keras`).
+
+Not covered (known): mixed_float16's LossScaleOptimizer decides on each rank's own gradients whether
+to step (ranks can fall out of step on an overflow); Keras 3's auto jit_compile on GPUs meets
+Horovod's ops in model.fit (compile with jit_compile=False); `groups=` of Keras variables in a
+graph-built tape; a DistributedGradientTape's gradients given to a DistributedOptimizer are
+reduced twice (use one of the two, as Horovod's examples do).
+
+The module is written last: its presence (with an edit checked by hvtrain's keras3_patch) means
+every edit is in.
 
 Usage: python scripts/horovod_keras3.py   (with the venv's python; setup runs it after the build)
 """
@@ -39,7 +55,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-PATCH = 1  # hvtrain doctor reads this from the installed module
+PATCH = 2  # hvtrain doctor reads this from the installed module (bumped whenever an edit changes)
 
 KERAS3 = '''"""hvtrain's Keras 3 compatibility for Horovod 0.28.1 (scripts/horovod_keras3.py wrote this file)."""
 
@@ -122,12 +138,29 @@ def set_value(backend, optimizer, name, value):
 _WARNED = False
 
 
+def gated_apply(counter, optimizer, apply):
+    """Keras 3 with backward_passes_per_step > 1: `apply()` (the update, which counts an iteration)
+    when the aggregation helper's `counter` is back at 0 (its accumulated gradients were just
+    allreduced), else only the iteration counted, as Keras 2's helper did."""
+    import tensorflow as tf
+
+    def update():
+        apply()
+        return tf.identity(optimizer.iterations)
+
+    def skip():
+        optimizer.iterations.assign_add(1)
+        return tf.identity(optimizer.iterations)
+
+    return tf.cond(tf.equal(counter, 0), update, skip)
+
+
 def keras3():
-    try:
-        import keras
-    except ImportError:
-        return False
-    return keras.__version__.split(".")[0] == "3"
+    """Whether tf.keras (what Horovod's Keras classes subclass) is Keras 3: with TF_USE_LEGACY_KERAS
+    and tf_keras it is Keras 2 even where `import keras` gives Keras 3."""
+    import tensorflow as tf
+
+    return tf.keras.layers.BatchNormalization.__module__.startswith("keras.src")
 '''.format(patch=PATCH)
 
 # (file under horovod/, old text, new text): each old text must occur exactly once
@@ -156,6 +189,7 @@ EDITS = [
      "    from horovod.tensorflow.hvtrain_keras3 import keras3  # hvtrain's patch: Keras 3 has no fused argument\n"
      "    if keras3():\n"
      "      super(SyncBatchNormalization, self).__init__(**kwargs)\n"
+     "      self.supports_jit = False  # Horovod's allreduce has no XLA kernel (Keras 3 jit-compiles on GPUs)\n"
      "    else:\n"
      "      super(SyncBatchNormalization, self).__init__(fused=fused, **kwargs)\n\n"
      "  def _moments(self, inputs, *args, **kwargs):\n"
@@ -170,8 +204,10 @@ EDITS = [
      "    variables = tf_variables(variables)\n"),
     ("tensorflow/sync_batch_norm.py",
      "  def call(self, *args, **kwargs):\n    outputs = super(SyncBatchNormalization, self).call(*args, **kwargs)\n",
-     "  def call(self, inputs, training=None, **kwargs):  # hvtrain's patch: Keras 3 reads the input's shape\n"
-     "    outputs = super(SyncBatchNormalization, self).call(inputs, training=training, **kwargs)  # by name\n"),
+     "  def call(self, inputs, training=None, mask=None, **kwargs):  # hvtrain's patch: Keras 3 finds the\n"
+     "    if mask is not None:  # input, training and mask by name\n"
+     "      kwargs['mask'] = mask\n"
+     "    outputs = super(SyncBatchNormalization, self).call(inputs, training=training, **kwargs)\n"),
     ("_keras/callbacks.py",
      "                hvd.broadcast_variables(self.model.optimizer.variables(),",
      "                from horovod.tensorflow.hvtrain_keras3 import optimizer_variables  # hvtrain's patch\n"
@@ -204,6 +240,18 @@ EDITS = [
      "                from horovod.tensorflow.hvtrain_keras3 import optimizer_variables  # hvtrain's patch\n"
      "                return CallableList(optimizer_variables(super(self.__class__, self)))"),
     ("_keras/__init__.py",
+     "            allreduced_grads = self._allreduce(grads, weights)\n"
+     "            return list(zip(allreduced_grads, weights))\n",
+     "            allreduced_grads = self._allreduce(grads, weights)\n"
+     "            self._hvtrain_reduced = list(allreduced_grads)  # hvtrain's patch: apply() need not reduce them\n"
+     "            return list(zip(allreduced_grads, weights))\n"),
+    ("_keras/__init__.py",
+     "    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),\n"
+     "               dict(_DistributedOptimizer.__dict__))\n",
+     "    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),\n"
+     "               dict(_DistributedOptimizer.__dict__))\n"
+     "    cls.__module__ = optimizer.__class__.__module__  # hvtrain's patch: a saved model loads without Horovod\n"),
+    ("_keras/__init__.py",
      "            elif hasattr(base_class, '_aggregate_gradients'):\n"
      "                return base_class._aggregate_gradients(grads_and_vars)\n",
      "            elif hasattr(base_class, '_aggregate_gradients'):\n"
@@ -213,33 +261,41 @@ EDITS = [
     ("_keras/__init__.py",
      "        def apply_gradients(self, *args, **kwargs):\n",
      "        def apply(self, grads, trainable_variables=None):\n"
-     "            \"\"\"hvtrain's patch: Keras 3's apply_gradients and model.fit call apply(grads, variables);\n"
-     "            the gradients are allreduced here unless compute_gradients already did.\"\"\"\n"
+     "            \"\"\"hvtrain's patch (Keras 3): apply_gradients, model.fit and LossScaleOptimizer call\n"
+     "            apply(grads, variables). The gradients are allreduced here (accumulated first when\n"
+     "            backward_passes_per_step > 1) unless they are compute_gradients' own result, and the\n"
+     "            update runs on aggregation steps only.\"\"\"\n"
      "            base = super(self.__class__, self)\n"
      "            if trainable_variables is None:\n"
      "                trainable_variables = self._trainable_variables\n"
      "            grads, trainable_variables = list(grads), list(trainable_variables)\n"
-     "            if self._aggregated_gradients:\n"
-     "                self._aggregated_gradients = False\n"
-     "            else:\n"
+     "            reduced = getattr(self, '_hvtrain_reduced', ())  # compute_gradients' result, by identity\n"
+     "            self._hvtrain_reduced = ()\n"
+     "            if not any(g is not None for g in grads) or \\\n"
+     "                    not all(any(g is r for r in reduced) for g in grads if g is not None):\n"
      "                grads = list(self._allreduce(grads, trainable_variables))\n"
-     "                self._aggregated_gradients = False\n"
-     "            return base.apply(grads, trainable_variables)\n\n"
+     "            self._aggregated_gradients = False\n"
+     "            if self._agg_helper is None:\n"
+     "                return base.apply(grads, trainable_variables)\n"
+     "            from horovod.tensorflow.hvtrain_keras3 import gated_apply\n"
+     "            return gated_apply(self._agg_helper.counter, self, lambda: base.apply(grads, trainable_variables))\n\n"
      "        def apply_gradients(self, *args, **kwargs):\n"
      "            if not hasattr(super(self.__class__, self), '_compute_gradients'):  # hvtrain's patch: Keras 3\n"
-     "                kwargs.pop('experimental_aggregate_gradients', None)  # has no such argument (Keras 2's)\n"),
+     "                kwargs.pop('experimental_aggregate_gradients', None)  # has no such argument (Keras 2's);\n"
+     "                return super(self.__class__, self).apply_gradients(*args, **kwargs)  # it calls apply()\n"),
     ("_keras/__init__.py",
      "            tape = tf.GradientTape() if tape is None else tape\n"
      "            if hasattr(base_class, '_compute_gradients'):",
      "            tape = tf.GradientTape() if tape is None else tape\n"
      "            if not hasattr(base_class, '_compute_gradients') and not hasattr(base_class, 'compute_gradients'):\n"
      "                # hvtrain's patch: Keras 3 optimizers compute no gradients; the tape does\n"
+     "                from horovod.tensorflow.hvtrain_keras3 import tf_variables\n"
      "                var_list = list(var_list)\n"
      "                if callable(loss):\n"
      "                    with tape:\n"
-     "                        tape.watch(var_list)\n"
+     "                        tape.watch(tf_variables(var_list))\n"
      "                        loss = loss()\n"
-     "                grads_and_vars = list(zip(tape.gradient(loss, var_list, grad_loss), var_list))\n"
+     "                grads_and_vars = list(zip(tape.gradient(loss, tf_variables(var_list), grad_loss), var_list))\n"
      "            elif hasattr(base_class, '_compute_gradients'):"),
 ]
 # the learning-rate callbacks: Keras 3 has no backend.get_value/set_value nor optimizer.lr
@@ -261,7 +317,6 @@ EDITS += [
 def apply(root: Path) -> list[str]:
     """Write the module and apply every edit under `root` (the installed horovod/); what changed."""
     done = []
-    (root / "tensorflow" / "hvtrain_keras3.py").write_text(KERAS3)
     texts: dict[str, str] = {}
     for rel, old, new, *count in EDITS:
         times = count[0] if count else 1
@@ -275,6 +330,7 @@ def apply(root: Path) -> list[str]:
         done.append(rel)
     for rel, text in texts.items():
         (root / rel).write_text(text)
+    (root / "tensorflow" / "hvtrain_keras3.py").write_text(KERAS3)  # last: its presence means every edit is in
     return done
 
 

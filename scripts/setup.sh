@@ -14,6 +14,7 @@ fingerprint=$( (cat pyproject.toml scripts/setup.sh scripts/build_horovod.sh scr
 stamp="$VENV/.hvtrain-setup"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && [ -x "$VENV/bin/horovodrun" ] && [ -x "$VENV/bin/hvtrain" ]; then
   "$VENV/bin/python" examples/make_data.py >/dev/null   # a fresh clone beside a kept venv has no examples/data
+  "$VENV/bin/python" scripts/horovod_keras3.py >/dev/null   # again, should a reinstall have restored Horovod's files
   echo "setup: up to date ($VENV)"
   exit 0
 fi

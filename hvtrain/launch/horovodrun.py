@@ -30,7 +30,7 @@ MODULE = "hvtrain.launch.horovodrun"  # how manifests recognise this launcher in
 RUNNER_PATCH = 2
 # The PATCH of scripts/horovod_keras3.py (installed as horovod/tensorflow/hvtrain_keras3.py by make
 # setup): Horovod's TensorFlow binding under Keras 3. Without it, TensorFlow training refuses to start.
-KERAS3_PATCH = 1
+KERAS3_PATCH = 2
 
 
 def runner_patch() -> str:
@@ -41,11 +41,14 @@ def runner_patch() -> str:
 
 
 def keras3_patch() -> str:
-    """The same for hvtrain's Keras 3 patch of Horovod's TensorFlow binding."""
-    return _patch("tensorflow/hvtrain_keras3.py", KERAS3_PATCH)
+    """The same for hvtrain's Keras 3 patch of Horovod's TensorFlow binding; `absent (...)` also when
+    its module is there but Horovod's files are not edited (a pip reinstall over a patched Horovod
+    keeps the module, which is in no wheel's record, and restores the files)."""
+    return _patch("tensorflow/hvtrain_keras3.py", KERAS3_PATCH,
+                  probe=("_keras/__init__.py", "hvtrain's patch (Keras 3)"))
 
 
-def _patch(rel: str, expected: int, unnumbered: int | None = None) -> str:
+def _patch(rel: str, expected: int, unnumbered: int | None = None, probe: tuple[str, str] | None = None) -> str:
     import importlib.util
     import re
 
@@ -61,6 +64,13 @@ def _patch(rel: str, expected: int, unnumbered: int | None = None) -> str:
     except OSError:
         return "absent"
     have = int(found.group(1)) if found else unnumbered  # the first launcher patch had no number
+    if probe is not None:
+        try:
+            edited = probe[1] in (path.parents[len(Path(rel).parts) - 1] / probe[0]).read_text()
+        except OSError:
+            edited = False
+        if not edited:
+            return f"absent (its module is there, Horovod's {probe[0]} is not edited)"
     return f"present ({have})" if have == expected else f"outdated ({have}, expected {expected})"
 
 

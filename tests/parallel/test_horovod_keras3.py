@@ -1,6 +1,7 @@
 """Horovod's TensorFlow API under Keras 3 (issue 25): broadcast_variables, DistributedGradientTape
 and a partial one with a Keras variable registered local, the Keras DistributedOptimizer in
-model.fit, SyncBatchNormalization, TensorFlowKerasState and the Keras callbacks, as a user's
+model.fit (also after gradients computed and not applied, and with backward_passes_per_step 2),
+SyncBatchNormalization, TensorFlowKerasState and the Keras callbacks, as a user's
 hand-written Horovod code calls them, on 2 real ranks (tests/fixtures/keras3_conformance.py).
 On Horovod 0.28.1 without hvtrain's patch every check fails: six exceptions, and model.fit with the
 DistributedOptimizer trains each rank on its own gradients, silently (0.07 from the averaged run)."""
@@ -11,7 +12,7 @@ from tests.conftest import run
 from tests.support.launch import mpirun_command
 
 CHECKS = ["broadcast_variables", "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
-          "SyncBatchNormalization", "TensorFlowKerasState", "callbacks"]
+          "backward_passes_per_step", "SyncBatchNormalization", "TensorFlowKerasState", "callbacks"]
 
 
 def test_horovods_tensorflow_api_takes_keras_3_variables_models_and_optimizers():

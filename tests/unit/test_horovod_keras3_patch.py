@@ -40,7 +40,26 @@ def test_re_applying_changes_nothing(tmp_path):
 def test_an_edit_that_does_not_apply_stops_the_setup(tmp_path):
     copy = tmp_path / "horovod"
     shutil.copytree(installed(), copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    (copy / "tensorflow/hvtrain_keras3.py").unlink()
     target = copy / "tensorflow/sync_batch_norm.py"
     target.write_text("class SyncBatchNormalization: pass\n")  # neither the original text nor the patched one
     with pytest.raises(SystemExit, match="occurs 0 times"):
         patcher().apply(copy)
+    # no module left behind to say "present" (cold review: it was written before the edits)
+    assert not (copy / "tensorflow/hvtrain_keras3.py").exists()
+
+
+def test_a_reinstalled_horovod_is_not_taken_for_a_patched_one(tmp_path, monkeypatch):
+    """pip's reinstall restores Horovod's files and keeps the module (in no wheel's record)."""
+    import hvtrain.launch.horovodrun as horovodrun
+
+    copy = tmp_path / "horovod"
+    shutil.copytree(installed(), copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    edited = copy / "_keras/__init__.py"
+    edited.write_text(edited.read_text().replace("hvtrain's patch (Keras 3)", "upstream"))
+
+    class Spec:
+        submodule_search_locations = [str(copy)]
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: Spec())
+    assert horovodrun.keras3_patch().startswith("absent (its module is there")
