@@ -1,6 +1,7 @@
 """`make bench` cannot rot: its quick version (BENCH_QUICK=1) runs every section's every side
 for real (hvtrain, hand-written Horovod, DDP, MWMS, raw MPI, the ceilings, pipelines, data
-scale) and must produce rows of positive measurements. Nothing about speed is asserted."""
+scale; the pipeline's np=4 hybrid for one backend) and must produce rows of positive
+measurements. Nothing about speed is asserted."""
 
 from __future__ import annotations
 
