@@ -58,15 +58,15 @@ def _patch(rel: str, expected: int, unnumbered: int | None = None, probe: tuple[
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return "no horovod"
-    path = Path(list(spec.submodule_search_locations)[0]) / rel
+    root = Path(list(spec.submodule_search_locations)[0])
     try:
-        found = re.search(r"^PATCH = (\d+)$", path.read_text(), re.MULTILINE)
+        found = re.search(r"^PATCH = (\d+)$", (root / rel).read_text(), re.MULTILINE)
     except OSError:
         return "absent"
     have = int(found.group(1)) if found else unnumbered  # the first launcher patch had no number
     if probe is not None:
         try:
-            edited = probe[1] in (path.parents[len(Path(rel).parts) - 1] / probe[0]).read_text()
+            edited = probe[1] in (root / probe[0]).read_text()
         except OSError:
             edited = False
         if not edited:

@@ -18,8 +18,8 @@ from hvtrain.errors import HvtrainError
 from hvtrain.launch.horovodrun import KERAS3_PATCH, keras3_patch
 from hvtrain.runtime.horovod import grouped_allreduce
 
-if not keras3_patch().startswith("present"):
-    raise HvtrainError(f"Horovod's TensorFlow binding lacks hvtrain's Keras 3 patch ({keras3_patch()}, expected "
+if not (_KERAS3 := keras3_patch()).startswith("present"):
+    raise HvtrainError(f"Horovod's TensorFlow binding lacks hvtrain's Keras 3 patch ({_KERAS3}, expected "
                        f"{KERAS3_PATCH}): run `make setup`, or .venv/bin/python scripts/horovod_keras3.py")
 
 
