@@ -1,4 +1,4 @@
-# make setup | make demo | make test | make bench | make lint | make docs (the guide, strict, into site/)
+# make setup [GPU=1] | make demo | make test | make bench | make lint | make docs (the guide, strict, into site/)
 # make bench: BENCHMARKS.md (~20 min); BENCH_QUICK=1 make bench: the smoke run; BENCH_REPEATS=N
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 .PHONY: setup demo test test-unit bench lint docs clean
 
 setup:
-	VENV=$(VENV) scripts/setup.sh
+	VENV=$(VENV) GPU=$(GPU) scripts/setup.sh
 
 demo: setup
 	$(VENV)/bin/hvtrain launch -np $(NP) --hostfile hostfiles/localhost -- train examples/digits_mlp.yaml

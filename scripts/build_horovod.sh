@@ -4,7 +4,7 @@
 # Horovod's last release does not compile against torch >= 2.1 or TF >= 2.16 as
 # released. The patch below is the smallest set of edits measured to work:
 #   1. C++17 in the top CMakeLists.txt and horovod/torch/CMakeLists.txt
-#      (torch >= 2.1 headers need it);
+#      (torch >= 2.1 headers need it; torch >= 2.14's need C++20 there);
 #   2. drop horovod/tensorflow/xla_mpi_ops.cc (includes pre-TF-2.16 XLA headers);
 #   3. horovod/runner/mpi_run.py: double-dash OpenMPI options (--mca, --bind-to,
 #      --map-by, --rank-by). OpenMPI 5's prterun rejects the single-dash forms
@@ -39,14 +39,24 @@
 #      ssh keeps ignoring it (the remote command starts afresh).
 # cmake 4 needs CMAKE_POLICY_VERSION_MINIMUM=3.5 for Horovod's bundled projects.
 #
+# GPU build (second argument `gpu`, from `make setup GPU=1`): HOROVOD_GPU_OPERATIONS=NCCL against
+# the CUDA toolkit and NCCL that pip installed beside the venv's CUDA torch (nvidia/cu13: nvcc,
+# runtime, crt, nvvm, cccl; nvidia/nccl), so it compiles on a machine without a GPU or a system
+# CUDA. The CUDA runtime is linked statically (Horovod's default), NCCL as the shared library
+# torch ships, found at run time through an RPATH into site-packages (a TensorFlow-only process
+# loads it too); kernels for HOROVOD_BUILD_CUDA_CC_LIST (default 75,80,86,89,90,100,120: Turing
+# to Blackwell; CUDA 13 has nothing older). `horovodrun --check-build` must then list NCCL.
+#
 # The wheel is cached under ${HVTRAIN_CACHE_DIR:-~/.cache/hvtrain}/horovod/<key>/,
 # key = Python, torch, TensorFlow, MPI versions and this script's hash, so a
 # change of any of them rebuilds.
 #
-# Usage: scripts/build_horovod.sh PYTHON   (the venv's python)
+# Usage: scripts/build_horovod.sh PYTHON [gpu]   (the venv's python)
 set -euo pipefail
 
-PY=${1:?usage: build_horovod.sh PYTHON}
+PY=${1:?usage: build_horovod.sh PYTHON [gpu]}
+FLAVOUR=${2:-cpu}
+case "$FLAVOUR" in cpu|gpu) ;; *) echo "build_horovod: second argument is cpu or gpu, not '$FLAVOUR'" >&2; exit 2;; esac
 PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"   # absolute: the build cds into the sdist
 HVD_VERSION=0.28.1
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -69,6 +79,7 @@ mpi_version=$(mpirun --version 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n' '_
 [ -n "$mpi_version" ] || { echo "build_horovod: mpirun not found; install OpenMPI first" >&2; exit 1; }
 script_hash=$(cat "${BASH_SOURCE[0]}" "$here/runner_patch.py" | sha256sum | cut -c1-12)
 key="hvd${HVD_VERSION}-${versions}-${mpi_version}-${script_hash}"
+[ "$FLAVOUR" = cpu ] || key="$key-nccl"
 cache_dir="$cache_root/horovod/$key"
 
 patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 to 8, checked
@@ -110,7 +121,9 @@ if [ -z "$wheel" ]; then
     grep -q -e "$3" "$1" || { echo "build_horovod: patch '$2' did not apply to $1" >&2; exit 1; }
   }
   patch_file "$src/CMakeLists.txt" 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' 'set(CMAKE_CXX_STANDARD 17)'
-  patch_file "$src/horovod/torch/CMakeLists.txt" 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' 'set(CMAKE_CXX_STANDARD 17)'
+  # torch >= 2.14's headers need C++20 (std::strong_ordering in c10/util/intrusive_ptr.h)
+  torch_std=$("$PY" -c 'import torch; print(20 if tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) >= (2, 14) else 17)')
+  patch_file "$src/horovod/torch/CMakeLists.txt" "s/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD $torch_std)/" "set(CMAKE_CXX_STANDARD $torch_std)"
   grep -q xla_mpi_ops.cc "$src/horovod/tensorflow/CMakeLists.txt" || { echo "build_horovod: xla_mpi_ops.cc line not found" >&2; exit 1; }
   sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
   patch_file "$src/horovod/runner/mpi_run.py" \
@@ -121,10 +134,46 @@ if [ -z "$wheel" ]; then
   fi
   patch_runner "$src/horovod/runner"
 
+  gpu_env=()
+  if [ "$FLAVOUR" = gpu ]; then
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    cuda="$site/nvidia/cu13" nccl="$site/nvidia/nccl"
+    for f in "$cuda/bin/nvcc" "$cuda/include/cuda_runtime.h" "$cuda/lib/libcudart_static.a" "$nccl/include/nccl.h"; do
+      [ -e "$f" ] || { echo "build_horovod: GPU build needs $f (setup.sh GPU=1 installs it)" >&2; exit 1; }
+    done
+    ls "$nccl"/lib/libnccl.so* >/dev/null 2>&1 || { echo "build_horovod: no libnccl.so in $nccl/lib" >&2; exit 1; }
+    [ -e "$nccl/lib/libnccl.so" ] || ln -s "$(basename "$(ls "$nccl"/lib/libnccl.so.* | head -n 1)")" "$nccl/lib/libnccl.so"
+    [ -e "$cuda/lib64" ] || ln -s lib "$cuda/lib64"   # nvcc.profile and FindCUDAToolkit look there too
+    # the wheels ship versioned names only (libcudart.so.13); FindCUDAToolkit looks for libcudart.so
+    for lib in "$cuda"/lib/lib*.so.*; do
+      [ -e "${lib%.so.*}.so" ] || ln -s "$(basename "$lib")" "${lib%.so.*}.so"
+    done
+    # Horovod's setup.py runs $HOROVOD_CMAKE: this wrapper adds the RPATH of its libraries (their
+    # directory is site-packages/horovod/<framework>/) to NCCL's, at configure time only
+    cat > "$work/cmake" <<WRAP
+#!/bin/sh
+case "\$1" in --*) exec cmake "\$@";; esac
+exec cmake "\$@" '-DCMAKE_BUILD_RPATH=\$ORIGIN/../../nvidia/nccl/lib' -DCMAKE_BUILD_WITH_INSTALL_RPATH=OFF
+WRAP
+    chmod +x "$work/cmake"
+    # TF >= 2.18 exports no stream_executor::gpu::AsGpuStreamValue, which Horovod declares and calls
+    # for the CUDA stream of a TF op (mpi_lib.so then fails to load: undefined symbol); the template
+    # reads the same handle through Stream::platform_specific_handle(), where Stream is complete
+    patch_file "$src/horovod/tensorflow/mpi_ops.cc" \
+      's|^GpuStreamHandle AsGpuStreamValue(Stream\* stream);$|template <typename S> GpuStreamHandle AsGpuStreamValue(S* stream) { return static_cast<GpuStreamHandle>(stream->platform_specific_handle().stream); }  // hvtrain|' \
+      'platform_specific_handle().stream); }  // hvtrain'
+    gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda" HOROVOD_NCCL_HOME="$nccl"
+             HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED
+             HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,89,90,100,120}"
+             HOROVOD_CMAKE="$work/cmake" PATH="$cuda/bin:$PATH")
+  fi
+  # the compile's parallelism: a -jN of the caller's MAKEFLAGS, else 2 (make's own MAKEFLAGS also
+  # carries its command line's variables and jobserver, which mean nothing to Horovod's build)
+  jobs=$([[ "${MAKEFLAGS:-}" =~ -j([0-9]+) ]] && echo "-j${BASH_REMATCH[1]}" || echo -j2)
   (cd "$src" && \
-    CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS=${MAKEFLAGS:--j2} \
+    env CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="$jobs" \
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-    HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITHOUT_MXNET=1 "${gpu_env[@]}" \
     "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" .)
   mkdir -p "$cache_dir"
   cp "$work"/dist/horovod-*.whl "$cache_dir/"
@@ -137,6 +186,8 @@ fi
 bindir=$(dirname "$PY")
 report=$("$bindir/horovodrun" --check-build)
 echo "$report"
-for want in TensorFlow PyTorch MPI Gloo; do
+wants=(TensorFlow PyTorch MPI Gloo)
+[ "$FLAVOUR" = cpu ] || wants+=(NCCL)
+for want in "${wants[@]}"; do
   grep -qF "[X] $want" <<<"$report" || { echo "build_horovod: Horovod was built without $want" >&2; exit 1; }
 done

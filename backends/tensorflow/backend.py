@@ -65,6 +65,9 @@ class TensorFlowBackend(Backend):
             gpus = tf.config.list_physical_devices("GPU")
             tf.config.experimental.set_memory_growth(gpus[gpu], True)
             tf.config.set_visible_devices(gpus[gpu], "GPU")
+        # fp32 is fp32 on a GPU too: TensorFlow's default TF32 matmuls and convolutions (Ampere and
+        # later) round inputs to 10 mantissa bits, 1e-3 from the CPU's results; bf16/fp16 are the fast paths
+        tf.config.experimental.enable_tensor_float_32_execution(cfg.train.precision != "fp32")
         # dropout masks differ per rank; Keras seeds numpy's legacy generator too, which takes < 2**32
         # (a seed of 542363 or more crashed here); unchanged below that
         keras.utils.set_random_seed((cfg.seed * 7919 + info.rank) % 2**32)

@@ -23,6 +23,12 @@ from .shard import ShardedOptimizer
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _on(device: torch.device, a: np.ndarray) -> torch.Tensor:
+    """A received or host array on `device`; to a GPU through pinned memory, queued without waiting."""
+    t = torch.from_numpy(a)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
 
@@ -56,7 +62,7 @@ class TorchStage(StageEngine):
 
     def _run(self, key: int, xs: list[np.ndarray], padding: bool, draws: np.ndarray | None
              ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
-        inps = [torch.from_numpy(x).to(self.device) for x in xs]
+        inps = [_on(self.device, x) for x in xs]
         if not self.first:
             for t in inps:
                 if t.is_floating_point():
@@ -97,8 +103,7 @@ class TorchStage(StageEngine):
     def forward_loss(self, key: int, xs: list[np.ndarray], y: np.ndarray, sample_weight: np.ndarray,
                      scale: float = 1.0, draws: np.ndarray | None = None) -> float:
         inps, (out,) = self._run(key, xs, not sample_weight.any(), draws)
-        loss = (self.loss_fn(out.float(), torch.from_numpy(y).to(self.device)) *
-                torch.from_numpy(sample_weight).to(self.device)).sum()
+        loss = (self.loss_fn(out.float(), _on(self.device, y)) * _on(self.device, sample_weight)).sum()
         value = float(loss.detach())
         if np.isfinite(value):
             self.loss_acc += value
@@ -110,7 +115,7 @@ class TorchStage(StageEngine):
         if grads is None:
             outs[0].backward()
         else:
-            pairs = [(o, torch.from_numpy(g).to(self.device, o.dtype)) for o, g in zip(outs, grads, strict=True)
+            pairs = [(o, _on(self.device, g).to(o.dtype)) for o, g in zip(outs, grads, strict=True)
                      if o.requires_grad]
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
@@ -158,7 +163,7 @@ class TorchStage(StageEngine):
     def predict(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         self.module.eval()
         try:
-            out = self.module(*[torch.from_numpy(x).to(self.device) for x in xs])
+            out = self.module(*[_on(self.device, x) for x in xs])
         finally:
             self.module.train()
         return [o.float().cpu().numpy() for o in (out if isinstance(out, tuple) else (out,))]

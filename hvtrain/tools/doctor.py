@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import os
 import platform
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -97,13 +99,50 @@ def collect() -> Report:
     info = mpi.detect()
     r.sections["mpi"] = {"flavour": info.flavour, "version": info.version or "-", "mpirun": info.path or "-",
                          "mpi4py": _version("mpi4py") or "not installed"}
-    r.sections["hardware"] = {"cpus": str(len(os.sched_getaffinity(0))), "gpus": _gpus(frameworks)}
+    gpus = gpu_facts(frameworks)
+    r.sections["hardware"] = {"cpus": str(len(os.sched_getaffinity(0))), **gpus}
+    nccl = {m: "nccl=yes" in hv.get(m, "") for m in ("horovod.torch", "horovod.tensorflow") if m in hv}
+    if gpus["gpus"].isdigit() and int(gpus["gpus"]) > 0 and nccl and not any(nccl.values()):
+        # a CPU build of Horovod has no CUDA at all: a GPU tensor cannot be reduced
+        for backend in BACKENDS:
+            r.missing.setdefault(backend, []).append(
+                f"{gpus['gpus']} GPU(s) visible but Horovod was built without NCCL (a CPU build): "
+                "run `make setup GPU=1`")
     return r
 
 
-def _gpus(frameworks: dict[str, str]) -> str:
+def gpu_facts(frameworks: dict[str, str]) -> dict[str, str]:
+    """The GPU stack as the frameworks see it: devices and their names, the NVIDIA driver, the CUDA
+    torch and TensorFlow were built for, the NCCL torch loads; "none" for what is absent (a CPU build)."""
+    facts: dict[str, str] = {"gpus": "unknown (torch not installed)"}
     if frameworks.get("torch", "not installed") != "not installed":
         import torch
 
-        return str(torch.cuda.device_count())
-    return "unknown (torch not installed)"
+        count = torch.cuda.device_count()
+        facts["gpus"] = str(count)
+        for i in range(count):
+            p = torch.cuda.get_device_properties(i)
+            facts[f"cuda:{i}"] = f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}"
+        facts["torch CUDA"] = torch.version.cuda or "none (a CPU build of torch)"
+        nccl = torch.cuda.nccl.version() if torch.version.cuda and torch.distributed.is_nccl_available() else None
+        facts["NCCL (torch)"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl or "none")
+    if frameworks.get("tensorflow", "not installed") != "not installed":
+        import tensorflow as tf
+
+        build = tf.sysconfig.get_build_info()
+        facts["TensorFlow CUDA"] = build.get("cuda_version") or "none (a CPU build of TensorFlow)"
+        facts["TensorFlow GPUs"] = str(len(tf.config.list_physical_devices("GPU")))
+    facts["driver"] = _nvidia_driver()
+    return facts
+
+
+def _nvidia_driver() -> str:
+    if shutil.which("nvidia-smi") is None:
+        return "none (no nvidia-smi)"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({type(exc).__name__})"
+    versions = sorted(set(out.stdout.split()))
+    return ", ".join(versions) if out.returncode == 0 and versions else f"unknown (nvidia-smi exited {out.returncode})"

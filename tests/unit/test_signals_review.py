@@ -126,7 +126,7 @@ def test_defect_09_doctor_warns_without_failing_and_the_manifest_records_it(monk
     from hvtrain.tools import doctor
 
     monkeypatch.setattr(doctor, "_horovod_build", lambda module: ("mpi=yes, gloo=yes", []))
-    monkeypatch.setattr(doctor, "_gpus", lambda frameworks: "0")
+    monkeypatch.setattr(doctor, "gpu_facts", lambda frameworks: {"gpus": "0"})
     monkeypatch.setattr(doctor, "_version", lambda *names: "1.0")
     monkeypatch.setattr(doctor, "runner_patch", lambda: "absent")
     result = CliRunner().invoke(cli, ["doctor"])

@@ -1,0 +1,39 @@
+"""The GPU path's logic, on the CPU: what doctor says of a GPU host (device selection is in
+test_dist.py, precision in tests/backends). scripts/gpu_check.sh proves the path on a GPU machine."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from hvtrain.cli import cli
+from hvtrain.tools import doctor
+
+GPU_HOST = {"gpus": "2", "cuda:0": "NVIDIA H100 80GB HBM3, 79 GiB, sm_90", "torch CUDA": "13.0",
+            "NCCL (torch)": "2.30.7", "driver": "580.82.07"}
+
+
+@pytest.mark.parametrize("nccl", ["no", "yes"])
+def test_doctor_fails_a_gpu_host_whose_horovod_cannot_reduce_gpu_tensors(monkeypatch, nccl):
+    """A CPU build of Horovod (no CUDA) on a host with GPUs: every step's allreduce of a GPU
+    tensor would fail; doctor says so and what to run. With NCCL built, the same host is fine."""
+    monkeypatch.setattr(doctor, "_horovod_build", lambda module: (f"mpi=yes, gloo=yes, nccl={nccl}", []))
+    monkeypatch.setattr(doctor, "gpu_facts", lambda frameworks: dict(GPU_HOST))
+    monkeypatch.setattr(doctor, "_version", lambda *names: "1.0")
+    monkeypatch.setattr(doctor, "runner_patch", lambda: "present (2)")
+    monkeypatch.setattr(doctor, "keras3_patch", lambda: "present (2)")
+    result = CliRunner().invoke(cli, ["doctor"])
+    assert "cuda:0                 NVIDIA H100 80GB HBM3, 79 GiB, sm_90" in result.output
+    if nccl == "no":
+        assert result.exit_code == 1, result.output
+        assert ("problem: 2 GPU(s) visible but Horovod was built without NCCL (a CPU build): run `make setup GPU=1`"
+                in result.output)
+    else:
+        assert result.exit_code == 0 and "problem" not in result.output, result.output
+
+
+def test_doctor_reports_this_cpu_host_without_a_gpu_stack():
+    facts = doctor.gpu_facts({"torch": "2.13.0", "tensorflow": "2.21.0"})
+    assert facts["gpus"] == "0" and facts["TensorFlow GPUs"] == "0"
+    assert facts["torch CUDA"] == "none (a CPU build of torch)" and facts["NCCL (torch)"] == "none"
+    assert facts["driver"] == "none (no nvidia-smi)"
