@@ -14,8 +14,9 @@ setup:
 demo: setup
 	$(VENV)/bin/hvtrain launch -np $(NP) --hostfile hostfiles/localhost -- train examples/digits_mlp.yaml
 
+# the suite is hardware-independent (CUDA_VISIBLE_DEVICES=): scripts/gpu_check.sh is the GPU's
 test: setup
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	CUDA_VISIBLE_DEVICES= PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

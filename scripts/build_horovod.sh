@@ -42,10 +42,11 @@
 # GPU build (second argument `gpu`, from `make setup GPU=1`): HOROVOD_GPU_OPERATIONS=NCCL against
 # the CUDA toolkit and NCCL that pip installed beside the venv's CUDA torch (nvidia/cu13: nvcc,
 # runtime, crt, nvvm, cccl; nvidia/nccl), so it compiles on a machine without a GPU or a system
-# CUDA. The CUDA runtime is linked statically (Horovod's default), NCCL as the shared library
-# torch ships, found at run time through an RPATH into site-packages (a TensorFlow-only process
-# loads it too); kernels for HOROVOD_BUILD_CUDA_CC_LIST (default 75,80,86,89,90,100,120: Turing
-# to Blackwell; CUDA 13 has nothing older). `horovodrun --check-build` must then list NCCL.
+# CUDA. NCCL is linked as the shared library torch ships and the torch binding links libcudart.so.13
+# (the TF binding the static runtime): both are found at run time through RPATH entries into
+# site-packages (a TensorFlow-only process loads them too); kernels for HOROVOD_BUILD_CUDA_CC_LIST
+# (default 75,80,86,89,90,100,120: Turing to Blackwell; CUDA 13 has nothing older; part of the
+# cache key, as nvcc's version is). `horovodrun --check-build` must then list NCCL.
 #
 # The wheel is cached under ${HVTRAIN_CACHE_DIR:-~/.cache/hvtrain}/horovod/<key>/,
 # key = Python, torch, TensorFlow, MPI versions and this script's hash, so a
@@ -79,7 +80,12 @@ mpi_version=$(mpirun --version 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9.\n' '_
 [ -n "$mpi_version" ] || { echo "build_horovod: mpirun not found; install OpenMPI first" >&2; exit 1; }
 script_hash=$(cat "${BASH_SOURCE[0]}" "$here/runner_patch.py" | sha256sum | cut -c1-12)
 key="hvd${HVD_VERSION}-${versions}-${mpi_version}-${script_hash}"
-[ "$FLAVOUR" = cpu ] || key="$key-nccl"
+if [ "$FLAVOUR" = gpu ]; then   # what the kernels are compiled for and by is part of the wheel too
+  cc_list=${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,89,90,100,120}
+  nvcc_version=$("$PY" -c 'from importlib.metadata import version; print(version("nvidia-cuda-nvcc"))' 2>/dev/null) \
+    || { echo "build_horovod: GPU build needs nvidia-cuda-nvcc (setup.sh GPU=1 installs it)" >&2; exit 1; }
+  key="$key-nccl-nvcc$nvcc_version-sm${cc_list//,/_}"
+fi
 cache_dir="$cache_root/horovod/$key"
 
 patch_runner() {  # patch_runner DIR (horovod/runner): edits 4 to 8, checked
@@ -148,12 +154,14 @@ if [ -z "$wheel" ]; then
     for lib in "$cuda"/lib/lib*.so.*; do
       [ -e "${lib%.so.*}.so" ] || ln -s "$(basename "$lib")" "${lib%.so.*}.so"
     done
-    # Horovod's setup.py runs $HOROVOD_CMAKE: this wrapper adds the RPATH of its libraries (their
-    # directory is site-packages/horovod/<framework>/) to NCCL's, at configure time only
+    # Horovod's setup.py runs $HOROVOD_CMAKE: this wrapper adds RPATH entries to its libraries (their
+    # directory is site-packages/horovod/<framework>/) for NCCL and the CUDA 13 libraries (the torch
+    # binding needs libcudart.so.13), relative, ahead of the absolute build-venv paths CMake also
+    # records (those are harmless elsewhere: a path that does not exist is skipped), at configure only
     cat > "$work/cmake" <<WRAP
 #!/bin/sh
 case "\$1" in --*) exec cmake "\$@";; esac
-exec cmake "\$@" '-DCMAKE_BUILD_RPATH=\$ORIGIN/../../nvidia/nccl/lib' -DCMAKE_BUILD_WITH_INSTALL_RPATH=OFF
+exec cmake "\$@" '-DCMAKE_BUILD_RPATH=\$ORIGIN/../../nvidia/nccl/lib;\$ORIGIN/../../nvidia/cu13/lib' -DCMAKE_BUILD_WITH_INSTALL_RPATH=OFF
 WRAP
     chmod +x "$work/cmake"
     # TF >= 2.18 exports no stream_executor::gpu::AsGpuStreamValue, which Horovod declares and calls
@@ -164,7 +172,7 @@ WRAP
       'platform_specific_handle().stream); }  // hvtrain'
     gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda" HOROVOD_NCCL_HOME="$nccl"
              HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED
-             HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,89,90,100,120}"
+             HOROVOD_BUILD_CUDA_CC_LIST="$cc_list"
              HOROVOD_CMAKE="$work/cmake" PATH="$cuda/bin:$PATH")
   fi
   # the compile's parallelism: a -jN of the caller's MAKEFLAGS, else 2 (make's own MAKEFLAGS also

@@ -5,14 +5,16 @@
 # 2. the digits MLP and CNN on GPU 0, torch and TensorFlow (each must allocate on the GPU, reach 0.85)
 # 3. bf16 on the GPU, both frameworks
 # 4. CPU-vs-GPU forward parity of the same weights, 1e-4 (fp32 is fp32 on the GPU: hvtrain turns TF32 off)
-# 5. a checkpoint written on the GPU resumed on the CPU (CUDA_VISIBLE_DEVICES=)
-# 6. throughput: hvtrain's digits CNN against a plain torch loop of it on the same GPU
+# 5. Horovod's collectives of GPU tensors through NCCL, torch and TensorFlow (NCCL must log Init COMPLETE)
+# 6. a checkpoint written on the GPU resumed on the CPU (CUDA_VISIBLE_DEVICES=)
+# 7. throughput: hvtrain's digits CNN >= 0.8x a plain torch loop of it on the same GPU
+# It fails on the first step that does not hold, and when the whole took over 240 s.
 set -euo pipefail
+if [ -n "${1:-}" ]; then mkdir -p "$1"; out=$(cd "$1" && pwd); else out=$(mktemp -d); fi   # absolute
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-VENV=${VENV:-.venv}
-out=${1:-$(mktemp -d)}
-mkdir -p "$out"
-export PATH="$PWD/$VENV/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
+venv=$(cd "${VENV:-.venv}" && pwd)
+export PATH="$venv/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
+trap 'echo "gpu_check: FAILED at line $LINENO; the last of $out/stderr.log:"; tail -n 20 "$out/stderr.log" 2>/dev/null' ERR
 py() { python scripts/gpu_check.py "$@" 2>>"$out/stderr.log" | tee -a "$out/gpu_check.log"; }
 start=$(date +%s)
 {
@@ -32,6 +34,12 @@ for fw in torch tensorflow; do
   py compare "$out/$fw-gpu.npy" "$out/$fw-cpu.npy" 1e-4
 done
 
+for fw in torch tensorflow; do
+  NCCL_DEBUG=INFO python scripts/gpu_check.py nccl "$fw" 2>"$out/nccl-$fw.log" | tee -a "$out/gpu_check.log"
+  grep -q "Init COMPLETE" "$out/nccl-$fw.log" \
+    || { echo "gpu_check: FAILED: $fw: NCCL logged no Init COMPLETE ($out/nccl-$fw.log)" | tee -a "$out/gpu_check.log"; exit 1; }
+done
+
 # stopped on the GPU after 100 steps, finished on the CPU from its checkpoint
 py train torch examples/digits_cnn.yaml "$out/resume" train.max_steps=100 train.checkpoint_every=50 \
   train.checkpoint_unit=step
@@ -40,8 +48,9 @@ python - "$out" <<'PY' | tee -a "$out/gpu_check.log"
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/resume/summary.json"))
 full = json.load(open(f"{sys.argv[1]}/torch-cnn/summary.json"))
+assert (s["resumed_from"] or "").endswith("-s00000100.safetensors"), f"did not resume: {s['resumed_from']}"
 assert s["steps"] == full["steps"], (s["steps"], full["steps"])
-print(f"gpu_check: ok: resumed on the CPU from a GPU checkpoint to step {s['steps']}, val_accuracy {s['val_accuracy']}")
+print(f"gpu_check: ok: resumed on the CPU from {s['resumed_from']} to step {s['steps']}, val_accuracy {s['val_accuracy']}")
 PY
 
 py loop "$out/loop.json"
@@ -49,6 +58,10 @@ python - "$out" <<'PY' | tee -a "$out/gpu_check.log"
 import json, sys
 hv = json.load(open(f"{sys.argv[1]}/torch-cnn/summary.json"))["samples_per_sec"]
 loop = json.load(open(f"{sys.argv[1]}/loop.json"))["samples_per_sec"]
-print(f"gpu_check: ok: hvtrain {hv:,.0f} samples/s vs a plain torch loop {loop:,.0f}: {hv / loop:.2f}x (digits CNN, batch 32)")
+line = f"hvtrain {hv:,.0f} samples/s vs a plain torch loop {loop:,.0f}: {hv / loop:.2f}x (digits CNN, batch 32)"
+assert hv >= 0.8 * loop, f"gpu_check: FAILED: {line}, under 0.8x"
+print(f"gpu_check: ok: {line}")
 PY
-echo "gpu_check: passed in $(( $(date +%s) - start )) s; log: $out/gpu_check.log" | tee -a "$out/gpu_check.log"
+took=$(( $(date +%s) - start ))
+[ "$took" -le 240 ] || { echo "gpu_check: FAILED: every step held, but it took ${took} s (over 240)" | tee -a "$out/gpu_check.log"; exit 1; }
+echo "gpu_check: passed in ${took} s; log: $out/gpu_check.log" | tee -a "$out/gpu_check.log"

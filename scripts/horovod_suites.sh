@@ -3,17 +3,18 @@
 # The suites are not in the sdist: give a checkout of github.com/horovod/horovod at v0.28.1
 # (its test/ folder is used where it is; nothing is copied into this project).
 #
-# Usage: scripts/horovod_suites.sh HOROVOD_CHECKOUT [SUITE...]   (default: the three below)
+# Usage: [VENV=.venv] scripts/horovod_suites.sh HOROVOD_CHECKOUT [SUITE...]
+#   (default: test_tensorflow.py test_torch.py gloo:test_torch.py test_tensorflow2_keras.py)
 # Each suite runs under `horovodrun -np 2`, a suite named gloo:SUITE under `horovodrun --gloo -np 2`
-# (test_torch.py's Gloo-controller tests skip under MPI, its Adasum test under Gloo: the default
-# runs it both ways); its pytest summary line and time are printed.
+# (test_torch.py's Gloo-controller tests skip under MPI: the default runs it both ways); its pytest
+# summary line and time are printed.
 set -euo pipefail
 src=${1:?usage: horovod_suites.sh HOROVOD_CHECKOUT [test_tensorflow.py test_torch.py ...]}
 shift
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(test_tensorflow.py test_torch.py gloo:test_torch.py test_tensorflow2_keras.py)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bin="$here/.venv/bin"
+bin="$(cd "$here" && cd "${VENV:-.venv}" && pwd)/bin"
 "$bin/python" -m pip install -q parameterized mock   # the suites' own test dependencies
 export PATH="$bin:$PATH" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
 cd "$src/test/parallel"

@@ -9,12 +9,16 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
 # GPU=1: CUDA torch and TensorFlow, a CUDA toolkit and NCCL from PyPI, Horovod built with NCCL
-# (compiles without a GPU). Unset: what the venv was set up as, else 1 where nvidia-smi lists a GPU.
+# (compiles without a GPU). Unset: what the venv was set up as (a venv from before flavours: cpu),
+# else cpu, with a hint where nvidia-smi lists a GPU (never switched by detection: CI on a GPU
+# runner, or a setup on a Slurm login node, gets what it asked for).
 flavour_file="$VENV/.hvtrain-flavour"
 if [ -z "${GPU:-}" ]; then
-  if [ -f "$flavour_file" ]; then GPU=$([ "$(cat "$flavour_file")" = gpu ] && echo 1 || echo 0)
-  elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then GPU=1
-  else GPU=0; fi
+  GPU=$([ -f "$flavour_file" ] && [ "$(cat "$flavour_file")" = gpu ] && echo 1 || echo 0)
+  gpus=$(nvidia-smi -L 2>/dev/null || true)
+  if [ "$GPU" = 0 ] && grep -q '^GPU' <<<"$gpus"; then
+    echo "setup: this host has GPUs; \`make setup GPU=1\` builds for them (CUDA torch/TensorFlow, Horovod with NCCL)"
+  fi
 fi
 case "$GPU" in 1) flavour=gpu;; 0) flavour=cpu;; *) echo "setup: GPU is 1 or 0, not '$GPU'" >&2; exit 2;; esac
 if [ "$flavour" = gpu ]; then
@@ -24,8 +28,8 @@ if [ "$flavour" = gpu ]; then
   # those of CUDA 13 (cuDNN 9 and NCCL 2 keep their C ABI across CUDA majors)
   TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
   TF_SPEC=${TF_SPEC:-tensorflow==2.21.*}
-  CUDA_BUILD=(nvidia-cuda-nvcc==13.0.* nvidia-cuda-runtime==13.0.* nvidia-cuda-crt==13.0.* nvidia-nvvm==13.0.*
-              nvidia-cuda-cccl==13.0.*)
+  CUDA_BUILD=('nvidia-cuda-nvcc==13.0.*' 'nvidia-cuda-runtime==13.0.*' 'nvidia-cuda-crt==13.0.*'
+              'nvidia-nvvm==13.0.*' 'nvidia-cuda-cccl==13.0.*')
   TF_CUDA=(nvidia-cublas-cu12 nvidia-cuda-cupti-cu12 nvidia-cuda-nvcc-cu12 nvidia-cuda-nvrtc-cu12
            nvidia-cuda-runtime-cu12 nvidia-cufft-cu12 nvidia-curand-cu12 nvidia-cusolver-cu12
            nvidia-cusparse-cu12 nvidia-nvjitlink-cu12)
@@ -70,8 +74,12 @@ command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (torch 2.13 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install -q --upgrade pip setuptools wheel
-if [ -f "$flavour_file" ] && [ "$(cat "$flavour_file")" != "$flavour" ]; then   # the other framework builds
-  "${pip[@]}" uninstall -q -y torch tensorflow tensorflow-cpu horovod >/dev/null 2>&1 || true
+if [ -f "$flavour_file" ] && [ "$(cat "$flavour_file")" != "$flavour" ]; then
+  # the other flavour's frameworks, CUDA wheels and Horovod: a new venv, not packages over packages
+  echo "setup: $VENV was set up as $(cat "$flavour_file"); making it anew as $flavour"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+  "${pip[@]}" install -q --upgrade pip setuptools wheel
 fi
 "${pip[@]}" install -q "$TORCH_SPEC" "$TF_SPEC" "${CUDA_BUILD[@]}" "${TF_CUDA[@]}"
 echo "$flavour" > "$flavour_file"

@@ -61,10 +61,16 @@ class TensorFlowBackend(Backend):
             tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
         except RuntimeError:  # TF already ran in this process (an earlier session of the Python API):
             pass  # its thread pools cannot be resized and stay as the first session made them
-        if gpu is not None:  # Horovod's local-rank pinning: this rank sees one GPU
-            gpus = tf.config.list_physical_devices("GPU")
-            tf.config.experimental.set_memory_growth(gpus[gpu], True)
-            tf.config.set_visible_devices(gpus[gpu], "GPU")
+        gpus = tf.config.list_physical_devices("GPU")
+        try:
+            if gpu is not None:  # Horovod's local-rank pinning: this rank sees one GPU
+                tf.config.experimental.set_memory_growth(gpus[gpu], True)
+                tf.config.set_visible_devices(gpus[gpu], "GPU")
+            else:  # pipeline stages on the plan's GPUs: no rank takes every GPU's whole memory at start
+                for g in gpus:
+                    tf.config.experimental.set_memory_growth(g, True)
+        except RuntimeError:  # the GPUs were initialised by an earlier session in this process (the API):
+            pass  # they stay as that session set them
         # fp32 is fp32 on a GPU too: TensorFlow's default TF32 matmuls and convolutions (Ampere and
         # later) round inputs to 10 mantissa bits, 1e-3 from the CPU's results; bf16/fp16 are the fast paths
         tf.config.experimental.enable_tensor_float_32_execution(cfg.train.precision != "fp32")

@@ -40,6 +40,8 @@ class TorchStage(StageEngine):
         self.horovod, self.cfg, self.replicas, self.process_set = runtime.horovod, cfg, replicas, process_set
         self.layers = [spec.layers[i] for i in layers]
         self.device = torch.device("cpu" if device == "cpu" else f"cuda:{device.split(':')[1]}")
+        if self.device.type == "cuda":  # the current device: pinned memory, the CUDA RNG state saved
+            torch.cuda.set_device(self.device)
         self.draws = SampleDraws() if per_sample_randomness(cfg) and draws_random(self.layers) else None
         self.module = build_model(spec, None, sources, outputs, self.layers, self.draws)
         self.first = sources == (INPUT,) and self.layers[0].index == 0

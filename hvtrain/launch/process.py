@@ -123,13 +123,8 @@ def cpu_share(local_rank: int, local_size: int, mask: tuple[int, ...], host_cpus
     return tuple(sorted(cpus[lo:hi]))
 
 
-def local_gpu(local_rank: int, local_size: int, gpu_count: int, visible: str | None = None) -> int | None:
+def local_gpu(local_rank: int, local_size: int, gpu_count: int) -> int | None:
     """The GPU this rank pins (Horovod's local-rank pinning), or None to run on the CPU.
-
-    A rank that sees exactly one GPU because its CUDA_VISIBLE_DEVICES names one (Slurm's
-    --gpus-per-task=1 or --gpu-bind, a wrapper script per rank) takes that one, device 0: the
-    scheduler did the pinning. Should two ranks have been given the same GPU, NCCL refuses it
-    at its first collective ("Duplicate GPU detected").
 
     Every rank on a host decides from the same (local_size, gpu_count), so either all of them
     pin a GPU or all of them fail alike: a host with more ranks than GPUs is refused rather than
@@ -139,11 +134,9 @@ def local_gpu(local_rank: int, local_size: int, gpu_count: int, visible: str | N
         local_rank: this process's rank on its host (0 <= local_rank < local_size).
         local_size: ranks on this host.
         gpu_count: GPUs the framework sees on this host (0 = none, train on the CPU).
-        visible: CUDA_VISIBLE_DEVICES as this rank has it (None: read from the environment).
 
     Returns:
-        `local_rank` as the device index (0 where the scheduler pinned one GPU per rank), or None
-        when there is no GPU.
+        `local_rank` as the device index, or None when there is no GPU.
 
     Raises:
         LaunchError: more ranks on this host than GPUs.
@@ -153,11 +146,10 @@ def local_gpu(local_rank: int, local_size: int, gpu_count: int, visible: str | N
         raise ValueError(f"local_rank must be in [0, {local_size}), got {local_rank}")
     if gpu_count <= 0:
         return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible is None else visible
-    if gpu_count == 1 and len([d for d in visible.split(",") if d.strip()]) == 1:
-        return 0  # the scheduler pinned this rank's GPU
     if local_size > gpu_count:
         raise LaunchError(f"{local_size} ranks on this host but {gpu_count} GPU(s): start at most {gpu_count} "
                           f"rank(s) per host (slots={gpu_count} in the hostfile), or hide the GPUs "
-                          "(CUDA_VISIBLE_DEVICES=) to train on the CPU")
+                          "(CUDA_VISIBLE_DEVICES=) to train on the CPU. Under Slurm, let every rank see the node's "
+                          "GPUs (--gpus-per-node=N --gpu-bind=none, not --gpus-per-task=1): hvtrain pins one per local "
+                          "rank, and NCCL keeps peer-to-peer between them")
     return local_rank

@@ -108,7 +108,24 @@ def collect() -> Report:
             r.missing.setdefault(backend, []).append(
                 f"{gpus['gpus']} GPU(s) visible but Horovod was built without NCCL (a CPU build): "
                 "run `make setup GPU=1`")
+    r.warnings.extend(unseen_gpus(gpus))
     return r
+
+
+def unseen_gpus(facts: dict[str, str]) -> list[str]:
+    """Warnings where nvidia-smi lists GPUs that a framework does not see: that framework trains on
+    the CPU (slower, not wrong), from a CPU build or a driver older than its CUDA needs."""
+    listed = facts.get("nvidia-smi GPUs", "0")
+    if not listed.isdigit() or int(listed) == 0:
+        return []
+    out = []
+    for name, key, cuda in (("torch", "gpus", "torch CUDA"), ("TensorFlow", "TensorFlow GPUs", "TensorFlow CUDA")):
+        if facts.get(key) == "0":
+            why = ("a CPU build: run `make setup GPU=1`" if facts.get(cuda, "").startswith("none")
+                   else f"its CUDA {facts.get(cuda)} needs a newer driver than {facts.get('driver')} "
+                        "(CUDA 13: R580 or newer; CUDA 12: R525 or newer)")
+            out.append(f"nvidia-smi lists {listed} GPU(s) but {name} sees none ({why}); it trains on the CPU")
+    return out
 
 
 def gpu_facts(frameworks: dict[str, str]) -> dict[str, str]:
@@ -132,17 +149,20 @@ def gpu_facts(frameworks: dict[str, str]) -> dict[str, str]:
         build = tf.sysconfig.get_build_info()
         facts["TensorFlow CUDA"] = build.get("cuda_version") or "none (a CPU build of TensorFlow)"
         facts["TensorFlow GPUs"] = str(len(tf.config.list_physical_devices("GPU")))
-    facts["driver"] = _nvidia_driver()
+    facts["driver"], facts["nvidia-smi GPUs"] = _nvidia_smi()
     return facts
 
 
-def _nvidia_driver() -> str:
+def _nvidia_smi() -> tuple[str, str]:
+    """The NVIDIA driver's version and how many GPUs it lists (whatever CUDA_VISIBLE_DEVICES says)."""
     if shutil.which("nvidia-smi") is None:
-        return "none (no nvidia-smi)"
+        return "none (no nvidia-smi)", "0"
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unknown ({type(exc).__name__})"
-    versions = sorted(set(out.stdout.split()))
-    return ", ".join(versions) if out.returncode == 0 and versions else f"unknown (nvidia-smi exited {out.returncode})"
+        return f"unknown ({type(exc).__name__})", "unknown"
+    lines = out.stdout.split()
+    if out.returncode != 0 or not lines:
+        return f"unknown (nvidia-smi exited {out.returncode})", "unknown"
+    return ", ".join(sorted(set(lines))), str(len(lines))

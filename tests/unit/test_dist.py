@@ -172,12 +172,3 @@ def test_mpi_yield_is_set_before_mpi_starts_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")
     assert mpi_env(HorovodConfig()) == {}
 
-
-def test_a_rank_the_scheduler_pinned_to_one_gpu_takes_it():
-    """Slurm --gpus-per-task=1: each of 4 local ranks sees one GPU (its CUDA_VISIBLE_DEVICES names
-    one), device 0 for each; the same count with every GPU visible is still 4 ranks on 1 GPU."""
-    for rank in range(4):
-        assert local_gpu(rank, 4, 1, visible=str(rank)) == 0
-        with pytest.raises(LaunchError, match="4 ranks on this host but 1 GPU"):
-            local_gpu(rank, 4, 1, visible="")
-    assert local_gpu(1, 2, 2, visible="0,1") == 1

@@ -10,7 +10,8 @@ from hvtrain.cli import cli
 from hvtrain.tools import doctor
 
 GPU_HOST = {"gpus": "2", "cuda:0": "NVIDIA H100 80GB HBM3, 79 GiB, sm_90", "torch CUDA": "13.0",
-            "NCCL (torch)": "2.30.7", "driver": "580.82.07"}
+            "NCCL (torch)": "2.30.7", "TensorFlow CUDA": "12.5.1", "TensorFlow GPUs": "2", "driver": "580.82.07",
+            "nvidia-smi GPUs": "2"}
 
 
 @pytest.mark.parametrize("nccl", ["no", "yes"])
@@ -32,8 +33,16 @@ def test_doctor_fails_a_gpu_host_whose_horovod_cannot_reduce_gpu_tensors(monkeyp
         assert result.exit_code == 0 and "problem" not in result.output, result.output
 
 
-def test_doctor_reports_this_cpu_host_without_a_gpu_stack():
-    facts = doctor.gpu_facts({"torch": "2.13.0", "tensorflow": "2.21.0"})
-    assert facts["gpus"] == "0" and facts["TensorFlow GPUs"] == "0"
-    assert facts["torch CUDA"] == "none (a CPU build of torch)" and facts["NCCL (torch)"] == "none"
-    assert facts["driver"] == "none (no nvidia-smi)"
+def test_doctor_warns_where_a_framework_does_not_see_the_gpus_nvidia_smi_lists():
+    """The CPU venv on a GPU node, or CUDA 13 torch under an R570 driver: torch sees no GPU and
+    every rank would train on the CPU; doctor says which and why (a warning: slower, not wrong)."""
+    cpu_venv = dict(GPU_HOST, gpus="0", **{"torch CUDA": "none (a CPU build of torch)", "TensorFlow GPUs": "0",
+                                          "TensorFlow CUDA": "none (a CPU build of TensorFlow)"})
+    assert doctor.unseen_gpus(cpu_venv) == [
+        "nvidia-smi lists 2 GPU(s) but torch sees none (a CPU build: run `make setup GPU=1`); it trains on the CPU",
+        "nvidia-smi lists 2 GPU(s) but TensorFlow sees none (a CPU build: run `make setup GPU=1`); it trains on the CPU"]
+    old_driver = dict(GPU_HOST, gpus="0", driver="570.86.15")
+    assert doctor.unseen_gpus(old_driver) == [
+        "nvidia-smi lists 2 GPU(s) but torch sees none (its CUDA 13.0 needs a newer driver than 570.86.15 (CUDA 13: "
+        "R580 or newer; CUDA 12: R525 or newer)); it trains on the CPU"]
+    assert doctor.unseen_gpus(GPU_HOST) == [] and doctor.unseen_gpus(dict(GPU_HOST, **{"nvidia-smi GPUs": "0"})) == []

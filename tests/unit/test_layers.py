@@ -196,7 +196,7 @@ def test_frameworks_are_imported_only_by_their_backend_and_binding():
     allowed = ("hvtrain.backends.torch", "hvtrain.backends.tensorflow", "hvtrain.runtime.torch_horovod",
                "hvtrain.runtime.tensorflow_horovod",
                "hvtrain.tools.export",  # onnx / onnxruntime read and verify an ONNX artefact of either framework
-               "hvtrain.tools.doctor")  # asks torch how many GPUs it sees
+               "hvtrain.tools.doctor")  # asks torch and TensorFlow which GPUs and CUDA they see
     bad = sorted((m, sorted(third_party(p) & frameworks)) for m, p in FILES.items()
                  if third_party(p) & frameworks and not m.startswith(allowed))
     assert bad == [], bad
