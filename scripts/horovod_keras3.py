@@ -38,8 +38,11 @@ The edits, each checked (the script fails when one does not apply) and idempoten
      allreduce has no XLA kernel). Whether tf.keras is Keras 3 is read from tf.keras itself
      (TF_USE_LEGACY_KERAS makes it Keras 2 beside a Keras 3 `keras`).
 
-Not covered (known): mixed_float16's LossScaleOptimizer decides on each rank's own gradients whether
-to step (ranks can fall out of step on an overflow); Keras 3's auto jit_compile on GPUs meets
+  9. Keras 3's LossScaleOptimizer around Horovod's DistributedOptimizer (what compile makes under
+     mixed_float16) steps only where the gradients are finite on every rank (patch 3): each rank
+     decided on its own, and one that overflowed skipped the allreduce the others waited in.
+
+Not covered (known): Keras 3's auto jit_compile on GPUs meets
 Horovod's ops in model.fit (compile with jit_compile=False); `groups=` of Keras variables in a
 graph-built tape; a DistributedGradientTape's gradients given to a DistributedOptimizer are
 reduced twice (use one of the two, as Horovod's examples do).
@@ -55,7 +58,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-PATCH = 2  # hvtrain doctor reads this from the installed module (bumped whenever an edit changes)
+PATCH = 3  # hvtrain doctor reads this from the installed module (bumped whenever an edit changes)
 
 KERAS3 = '''"""hvtrain's Keras 3 compatibility for Horovod 0.28.1 (scripts/horovod_keras3.py wrote this file)."""
 
@@ -63,7 +66,8 @@ PATCH = {patch}
 
 
 def install():
-    """Keras 3 variables get TF's ref(): the reference of the tf.Variable they wrap."""
+    """Keras 3 variables get TF's ref() (the reference of the tf.Variable they wrap); Keras 3's
+    LossScaleOptimizer around Horovod's agrees over the ranks whether the gradients are finite."""
     try:
         import keras
     except ImportError:
@@ -71,6 +75,29 @@ def install():
     variable = getattr(keras, "Variable", None)
     if variable is not None and not hasattr(variable, "ref") and hasattr(variable, "value"):
         variable.ref = lambda self: self.value.ref()
+    scaler = getattr(getattr(keras, "optimizers", None), "LossScaleOptimizer", None)
+    if scaler is not None and not getattr(scaler.check_finite, "hvtrain", False):
+        scaler.check_finite = _agreed_check_finite(scaler.check_finite)
+
+
+def _agreed_check_finite(local_check):
+    """LossScaleOptimizer.check_finite where the inner optimizer is Horovod's (what compile makes of
+    it under mixed_float16): finite only if the gradients are finite on every rank. On its own, a
+    rank that overflowed skipped the step while the others allreduced in theirs: they waited on it,
+    or the ranks fell apart."""
+    def check_finite(self, grads):
+        finite = local_check(self, grads)
+        if not hasattr(self.inner_optimizer, "_allreduce_grads"):  # not a Horovod DistributedOptimizer
+            return finite
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        if hvd.size() == 1:
+            return finite
+        return hvd.allreduce(tf.cast(finite, tf.int32), op=hvd.Min, name="hvtrain.loss_scale.finite") > 0
+
+    check_finite.hvtrain = True
+    return check_finite
 
 
 def optimizer_variables(optimizer):

@@ -30,7 +30,7 @@ MODULE = "hvtrain.launch.horovodrun"  # how manifests recognise this launcher in
 RUNNER_PATCH = 2
 # The PATCH of scripts/horovod_keras3.py (installed as horovod/tensorflow/hvtrain_keras3.py by make
 # setup): Horovod's TensorFlow binding under Keras 3. Without it, TensorFlow training refuses to start.
-KERAS3_PATCH = 2
+KERAS3_PATCH = 3
 
 
 def runner_patch() -> str:
