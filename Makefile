@@ -19,7 +19,7 @@ test: setup
 	CUDA_VISIBLE_DEVICES= PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 test-unit: setup
-	$(PY) -m pytest -q tests/unit
+	CUDA_VISIBLE_DEVICES= $(PY) -m pytest -q tests/unit
 
 bench: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) bench/run.py

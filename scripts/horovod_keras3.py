@@ -42,7 +42,8 @@ The edits, each checked (the script fails when one does not apply) and idempoten
      mixed_float16) steps only where the gradients are finite on every rank (patch 3): each rank
      decided on its own, and one that overflowed skipped the allreduce the others waited in.
 
-Not covered (known): Keras 3's auto jit_compile on GPUs meets
+Not covered (known): tf_keras's LossScaleOptimizer (TF_USE_LEGACY_KERAS) keeps its per-rank check;
+Keras 3's auto jit_compile on GPUs meets
 Horovod's ops in model.fit (compile with jit_compile=False); `groups=` of Keras variables in a
 graph-built tape; a DistributedGradientTape's gradients given to a DistributedOptimizer are
 reduced twice (use one of the two, as Horovod's examples do).
@@ -76,8 +77,9 @@ def install():
     if variable is not None and not hasattr(variable, "ref") and hasattr(variable, "value"):
         variable.ref = lambda self: self.value.ref()
     scaler = getattr(getattr(keras, "optimizers", None), "LossScaleOptimizer", None)
-    if scaler is not None and not getattr(scaler.check_finite, "hvtrain", False):
-        scaler.check_finite = _agreed_check_finite(scaler.check_finite)
+    check = getattr(scaler, "check_finite", None)
+    if check is not None and not getattr(check, "hvtrain", False):
+        scaler.check_finite = _agreed_check_finite(check)
 
 
 def _agreed_check_finite(local_check):
@@ -92,9 +94,13 @@ def _agreed_check_finite(local_check):
         import horovod.tensorflow as hvd
         import tensorflow as tf
 
-        if hvd.size() == 1:
+        # over the optimizer's process set, as its gradients are; no shortcut on the size, which a
+        # traced step would keep after an elastic world grew (Horovod's own reduction checks it at run time)
+        process_set = getattr(self.inner_optimizer, "process_set", hvd.global_process_set)
+        if not process_set.included():
             return finite
-        return hvd.allreduce(tf.cast(finite, tf.int32), op=hvd.Min, name="hvtrain.loss_scale.finite") > 0
+        return hvd.allreduce(tf.cast(finite, tf.int32), op=hvd.Min, name="hvtrain.loss_scale.finite",
+                             process_set=process_set) > 0
 
     check_finite.hvtrain = True
     return check_finite

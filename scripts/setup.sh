@@ -15,7 +15,7 @@ PYTHON=${PYTHON:-python3.11}
 flavour_file="$VENV/.hvtrain-flavour"
 if [ -z "${GPU:-}" ]; then
   GPU=$([ -f "$flavour_file" ] && [ "$(cat "$flavour_file")" = gpu ] && echo 1 || echo 0)
-  gpus=$(nvidia-smi -L 2>/dev/null || true)
+  gpus=$(timeout 20 nvidia-smi -L 2>/dev/null || true)
   if [ "$GPU" = 0 ] && grep -q '^GPU' <<<"$gpus"; then
     echo "setup: this host has GPUs; \`make setup GPU=1\` builds for them (CUDA torch/TensorFlow, Horovod with NCCL)"
   fi
@@ -71,18 +71,21 @@ fi
 
 # --- virtual environment
 command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found (torch 2.13 CPU wheel is for Python 3.11)" >&2; exit 1; }
+# what the venv holds: its flavour file, else cpu (a venv from before flavours, or one whose switch was
+# cut short, which writes the new flavour before installing); the other flavour's frameworks, CUDA
+# wheels and Horovod are not installed over: the venv (a python venv, nothing else) is made anew
+if [ -f "$VENV/pyvenv.cfg" ]; then
+  had=$(cat "$flavour_file" 2>/dev/null || echo cpu)
+  if [ "$had" != "$flavour" ]; then
+    echo "setup: $VENV was set up as $had; making it anew as $flavour (what was pip-installed into it is gone)"
+    rm -rf "$VENV"
+  fi
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+echo "$flavour" > "$flavour_file"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install -q --upgrade pip setuptools wheel
-if [ -f "$flavour_file" ] && [ "$(cat "$flavour_file")" != "$flavour" ]; then
-  # the other flavour's frameworks, CUDA wheels and Horovod: a new venv, not packages over packages
-  echo "setup: $VENV was set up as $(cat "$flavour_file"); making it anew as $flavour"
-  rm -rf "$VENV"
-  "$PYTHON" -m venv "$VENV"
-  "${pip[@]}" install -q --upgrade pip setuptools wheel
-fi
 "${pip[@]}" install -q "$TORCH_SPEC" "$TF_SPEC" "${CUDA_BUILD[@]}" "${TF_CUDA[@]}"
-echo "$flavour" > "$flavour_file"
 "${pip[@]}" install -q -e '.[dev]'
 
 # --- Horovod (patched build, cached wheel)

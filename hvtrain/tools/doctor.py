@@ -108,23 +108,37 @@ def collect() -> Report:
             r.missing.setdefault(backend, []).append(
                 f"{gpus['gpus']} GPU(s) visible but Horovod was built without NCCL (a CPU build): "
                 "run `make setup GPU=1`")
-    r.warnings.extend(unseen_gpus(gpus))
+    r.warnings.extend(unseen_gpus(gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
     return r
 
 
-def unseen_gpus(facts: dict[str, str]) -> list[str]:
+# the oldest driver each CUDA major runs on (NVIDIA's CUDA compatibility table)
+MIN_DRIVER = {12: 525, 13: 580}
+
+
+def unseen_gpus(facts: dict[str, str], visible: str | None = None) -> list[str]:
     """Warnings where nvidia-smi lists GPUs that a framework does not see: that framework trains on
-    the CPU (slower, not wrong), from a CPU build or a driver older than its CUDA needs."""
+    the CPU (slower, not wrong). Why, as far as can be told: a CPU build, a driver older than its
+    CUDA needs, or else CUDA libraries it could not load. `visible` is CUDA_VISIBLE_DEVICES: set and
+    empty, the GPUs are hidden on purpose (nvidia-smi ignores it) and nothing is said."""
     listed = facts.get("nvidia-smi GPUs", "0")
-    if not listed.isdigit() or int(listed) == 0:
+    if not listed.isdigit() or int(listed) == 0 or (visible is not None and not visible.strip()):
         return []
+    driver = facts.get("driver", "").split(".")[0]
     out = []
     for name, key, cuda in (("torch", "gpus", "torch CUDA"), ("TensorFlow", "TensorFlow GPUs", "TensorFlow CUDA")):
-        if facts.get(key) == "0":
-            why = ("a CPU build: run `make setup GPU=1`" if facts.get(cuda, "").startswith("none")
-                   else f"its CUDA {facts.get(cuda)} needs a newer driver than {facts.get('driver')} "
-                        "(CUDA 13: R580 or newer; CUDA 12: R525 or newer)")
-            out.append(f"nvidia-smi lists {listed} GPU(s) but {name} sees none ({why}); it trains on the CPU")
+        if facts.get(key) != "0":
+            continue
+        version = facts.get(cuda, "")
+        need = MIN_DRIVER.get(int(version.split(".")[0])) if version[:1].isdigit() else None
+        if version.startswith("none"):
+            why = "a CPU build: run `make setup GPU=1`"
+        elif need and driver.isdigit() and int(driver) < need:
+            why = f"its CUDA {version} needs driver R{need} or newer, this host has {facts.get('driver')}"
+        else:
+            named = "" if visible is None else f", or CUDA_VISIBLE_DEVICES={visible!r} names no GPU"
+            why = f"its CUDA {version} libraries did not load{named}: TF_CPP_MIN_LOG_LEVEL=0 shows TensorFlow's reasons"
+        out.append(f"nvidia-smi lists {listed} GPU(s) but {name} sees none ({why}); it trains on the CPU")
     return out
 
 

@@ -4,8 +4,9 @@ model.fit (also after gradients computed and not applied, and with backward_pass
 SyncBatchNormalization, TensorFlowKerasState, mixed_float16's LossScaleOptimizer around Horovod's
 (an overflow on one rank skips the step on every rank) and the Keras callbacks, as a user's
 hand-written Horovod code calls them, on 2 real ranks (tests/fixtures/keras3_conformance.py).
-On Horovod 0.28.1 without hvtrain's patch every check fails: six exceptions, and model.fit with the
-DistributedOptimizer trains each rank on its own gradients, silently (0.07 from the averaged run)."""
+On Horovod 0.28.1 without hvtrain's patch the checks fail: exceptions, model.fit with the
+DistributedOptimizer training each rank on its own gradients, silently (0.07 from the averaged run),
+and (before patch 3) an overflow on one rank leaving the other waiting in an allreduce."""
 
 from __future__ import annotations
 

@@ -43,6 +43,25 @@ def test_doctor_warns_where_a_framework_does_not_see_the_gpus_nvidia_smi_lists()
         "nvidia-smi lists 2 GPU(s) but TensorFlow sees none (a CPU build: run `make setup GPU=1`); it trains on the CPU"]
     old_driver = dict(GPU_HOST, gpus="0", driver="570.86.15")
     assert doctor.unseen_gpus(old_driver) == [
-        "nvidia-smi lists 2 GPU(s) but torch sees none (its CUDA 13.0 needs a newer driver than 570.86.15 (CUDA 13: "
-        "R580 or newer; CUDA 12: R525 or newer)); it trains on the CPU"]
+        "nvidia-smi lists 2 GPU(s) but torch sees none (its CUDA 13.0 needs driver R580 or newer, this host has "
+        "570.86.15); it trains on the CPU"]
+    unloaded = dict(GPU_HOST, **{"TensorFlow GPUs": "0"})  # a new enough driver: the libraries, not the driver
+    assert doctor.unseen_gpus(unloaded) == [
+        "nvidia-smi lists 2 GPU(s) but TensorFlow sees none (its CUDA 12.5.1 libraries did not load: "
+        "TF_CPP_MIN_LOG_LEVEL=0 shows TensorFlow's reasons); it trains on the CPU"]
+    assert doctor.unseen_gpus(cpu_venv, visible="") == []  # hidden on purpose (make test, a CPU run)
     assert doctor.unseen_gpus(GPU_HOST) == [] and doctor.unseen_gpus(dict(GPU_HOST, **{"nvidia-smi GPUs": "0"})) == []
+
+
+def test_doctor_reads_the_driver_and_gpu_count_from_nvidia_smi(monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a[0], 0, "580.82.07\n580.82.07\n", ""))
+    assert doctor._nvidia_smi() == ("580.82.07", "2")
+    monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a[0], 9, "", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"))
+    assert doctor._nvidia_smi() == ("unknown (nvidia-smi exited 9)", "unknown")
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    assert doctor._nvidia_smi() == ("none (no nvidia-smi)", "0")
