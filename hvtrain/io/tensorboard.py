@@ -79,7 +79,9 @@ class EventLog:
 
         self._pb = event_pb2
         directory.mkdir(parents=True, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_files)}"
+        # TensorBoard reads a directory's files in name order: the counter is padded, or a process's
+        # 10th file (a resume in the same second as its 9th) sorted before it and its epochs lost
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_files):06d}"
         self.path = directory / name
         self._writer = RecordWriter(open(self.path, "wb"))  # noqa: SIM115 - closed by close()
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))

@@ -45,7 +45,13 @@ def test_only_rank_0_writes_and_only_when_switched_on(tmp_path):
     assert (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "tensorboard").exists()
 
 
-def test_fresh_run_drops_old_events_and_resume_rewrites_from_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("files_before", [0, 9])
+def test_fresh_run_drops_old_events_and_resume_rewrites_from_its_checkpoint(tmp_path, monkeypatch, files_before):
+    """files_before 9: the resumed run's file is this process's 11th (a counter of 9 and 10 in the
+    same second: unpadded, "10" sorted before "9" and TensorBoard read the resume first)."""
+    import itertools
+
+    monkeypatch.setattr(tbevents, "_files", itertools.count(files_before))
     first = Reporter(ProcessInfo(0, 1), tmp_path, quiet=True, tensorboard=True)
     for epoch in (1, 2, 3):
         first.append_metrics(record(epoch, 10.0 + epoch))
