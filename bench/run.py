@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 from common import ROOT, repeats  # noqa: E402
 
-SECTIONS = ("startup", "torch_dp", "tf_dp", "allreduce", "weak_scaling", "levers", "plan_check", "pipeline",
-            "transformer", "data_scale", "image_decode", "file_scale", "zero")
+SECTIONS = ("startup", "torch_dp", "tf_dp", "small_models", "allreduce", "weak_scaling", "levers", "plan_check",
+            "pipeline", "transformer", "data_scale", "image_decode", "file_scale", "zero")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -43,8 +43,9 @@ from common import (
 )
 
 NP = 2
-FULL = (512, 12, 5)  # per-rank batch, steps per epoch per rank, epochs (the first is warm-up: tracing)
-QUICK = (512, 3, 2)
+FULL = (128, 40, 5)  # per-rank batch, steps per epoch per rank, epochs (the first is warm-up: tracing)
+QUICK = (128, 6, 2)
+CEILING_GOAL = 0.85  # np=2 samples/s ÷ the two-independent-ranks ceiling (issue 26)
 
 
 def mwms_side(epochs: int, steps: int, batch: int) -> Side:
@@ -65,8 +66,10 @@ def run(quick: bool) -> dict:
     reps, log = repeats(quick), logger("tf_dp")
     batch, steps, epochs = QUICK if quick else FULL
     config = CONFIGS / "mlp.yaml"
-    sets = [f"data.samples={steps * batch * NP}", f"train.epochs={epochs}", "train.threads=1"]
-    one_rank = [f"data.samples={steps * batch}", f"train.epochs={epochs}", "train.threads=1"]
+    sets = [f"data.samples={steps * batch * NP}", f"data.batch_size={batch}", f"train.epochs={epochs}",
+            "train.threads=1"]
+    one_rank = [f"data.samples={steps * batch}", f"data.batch_size={batch}", f"train.epochs={epochs}",
+                "train.threads=1"]
     hand = [tool("horovodrun"), "-np", str(NP), "-H", f"localhost:{NP}", PY, PEERS / "tf_horovod.py",
             str(epochs), str(steps), str(batch)]
     with tempfile.TemporaryDirectory(prefix="bench-tf-") as tmp:
@@ -81,13 +84,13 @@ def run(quick: bool) -> dict:
               paired(runs["hand-written Horovod"], hv, lambda h, v: h / v), lambda r: r <= 1.03, quick),
         check("mlp np=2: hvtrain samples/s ÷ MWMS's >= 1.0",
               paired(hv, runs["MWMS (ring)"], lambda v, m: v / m), lambda r: r >= 1.0, quick),
-        check("mlp np=2: hvtrain samples/s ÷ the two-independent-ranks ceiling >= 0.8",
-              paired(hv, runs["ceiling"], lambda v, c: v / c), lambda r: r >= 0.8, quick),
+        check(f"mlp np=2: hvtrain samples/s ÷ the two-independent-ranks ceiling >= {CEILING_GOAL}",
+              paired(hv, runs["ceiling"], lambda v, c: v / c), lambda r: r >= CEILING_GOAL, quick),
     ]
     return {
         "title": "TensorFlow: hvtrain vs hand-written Horovod TF2 vs MultiWorkerMirroredStrategy",
-        "goal": "time/step <= 1.03x the hand-written Horovod TF2 loop; samples/s >= 1.0x MWMS and >= 0.8x the "
-                "two-independent-ranks ceiling at np=2",
+        "goal": "time/step <= 1.03x the hand-written Horovod TF2 loop; samples/s >= 1.0x MWMS and >= "
+                f"{CEILING_GOAL}x the two-independent-ranks ceiling at np=2",
         "columns": ["model", "np", *SIDE_COLUMNS],
         "rows": side_rows(["mlp", NP], runs, batch * NP, ceiling="ceiling"),
         "checks": checks, "met": all_met(checks),

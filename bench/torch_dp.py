@@ -42,8 +42,9 @@ from hvtrain.runtime.knobs import horovod_env, mpi_env
 
 KNOBBED = "hand-written, hvtrain's knobs"
 # model: (config, per-rank batch, steps per epoch per rank, epochs); the first epoch is warm-up
-FULL = {"mlp": (CONFIGS / "mlp.yaml", 512, 12, 5), "cnn": (CONFIGS / "cnn.yaml", 128, 10, 5)}
-QUICK = {"mlp": (CONFIGS / "mlp.yaml", 512, 3, 2), "cnn": (CONFIGS / "cnn.yaml", 128, 2, 2)}
+FULL = {"mlp": (CONFIGS / "mlp.yaml", 128, 40, 5), "cnn": (CONFIGS / "cnn.yaml", 128, 10, 5)}
+QUICK = {"mlp": (CONFIGS / "mlp.yaml", 128, 6, 2), "cnn": (CONFIGS / "cnn.yaml", 128, 2, 2)}
+CEILING_GOAL = 0.85  # np=2 samples/s ÷ the two-independent-ranks ceiling (issue 26)
 # (model, np) pairs measured; quick mode runs each side and model once, not every combination
 FULL_CASES = [("mlp", 1), ("mlp", 2), ("cnn", 1), ("cnn", 2)]
 QUICK_CASES = [("mlp", 1), ("cnn", 2)]
@@ -51,7 +52,8 @@ QUICK_CASES = [("mlp", 1), ("cnn", 2)]
 
 def sides(model: str, np: int, tmp: Path, quick: bool) -> list:
     config, batch, steps, epochs = (QUICK if quick else FULL)[model]
-    sets = [f"data.samples={steps * batch * np}", f"train.epochs={epochs}", "train.threads=1"]
+    sets = [f"data.samples={steps * batch * np}", f"data.batch_size={batch}", f"train.epochs={epochs}",
+            "train.threads=1"]
     args = [model, str(epochs), str(steps), str(batch)]
     hand = [PY, PEERS / "torch_horovod.py", *args]
     if np > 1:
@@ -64,7 +66,8 @@ def sides(model: str, np: int, tmp: Path, quick: bool) -> list:
         h = load_config(config).horovod
         out.insert(2, peer_side(KNOBBED, hand, np, bench_env(**horovod_env(h), **mpi_env(h))))
     if np > 1:
-        one_rank = [f"data.samples={steps * batch}", f"train.epochs={epochs}", "train.threads=1"]
+        one_rank = [f"data.samples={steps * batch}", f"data.batch_size={batch}", f"train.epochs={epochs}",
+                    "train.threads=1"]
         out.append(ceiling_side(config, tmp, one_rank, np=np))
     return out
 
@@ -72,8 +75,10 @@ def sides(model: str, np: int, tmp: Path, quick: bool) -> list:
 def settings(config) -> str:
     """What hvtrain sets for a config: its Horovod and MPI environment and CPU binding."""
     cfg = load_config(config)
-    env = {**horovod_env(cfg.horovod), **mpi_env(cfg.horovod)}
-    return ", ".join(f"{k}={v}" for k, v in env.items()) + f", train.cpu_binding={cfg.train.cpu_binding}"
+    env = {**horovod_env(cfg.horovod, direct=True), **mpi_env(cfg.horovod)}
+    return ", ".join(f"{k}={v}" for k, v in env.items()) + f", train.cpu_binding={cfg.train.cpu_binding}" \
+        + f", horovod.reduction={cfg.horovod.reduction} (direct on CPUs: gradients summed after backward on " \
+        "hvtrain's own MPI communicator; Horovod's cycle idles at horovod.direct_cycle_ms)"
 
 
 def run(quick: bool) -> dict:
@@ -96,18 +101,18 @@ def run(quick: bool) -> dict:
                                     paired(hv, runs["DDP (gloo)"], lambda v, d: v / d), lambda r: r >= 1.0,
                                     quick))
                 checks.append(check(f"{model} np={np}: hvtrain samples/s ÷ the two-independent-ranks ceiling "
-                                    ">= 0.8", paired(hv, runs["ceiling"], lambda v, c: v / c),
-                                    lambda r: r >= 0.8, quick))
+                                    f">= {CEILING_GOAL}", paired(hv, runs["ceiling"], lambda v, c: v / c),
+                                    lambda r: r >= CEILING_GOAL, quick))
     config = {m: {"per_rank_batch": b, "steps_per_epoch_per_rank": s, "epochs": e}
               for m, (_, b, s, e) in (QUICK if quick else FULL).items()}
     return {
         "title": "torch: hvtrain vs hand-written Horovod vs DDP",
-        "goal": "time/step <= 1.03x the hand-written Horovod loop; samples/s >= 1.0x DDP and >= 0.8x the "
-                "two-independent-ranks ceiling at np=2",
+        "goal": "time/step <= 1.03x the hand-written Horovod loop; samples/s >= 1.0x DDP and >= "
+                f"{CEILING_GOAL}x the two-independent-ranks ceiling at np=2",
         "columns": ["model", "np", *SIDE_COLUMNS],
         "rows": rows, "checks": checks, "met": all_met(checks),
         "notes": [
-            "MLP 64-1024-1024-10 (batch 512 per rank), CNN conv32-pool-conv64-pool-dense10 on 28x28x1 (batch 128 per "
+            "MLP 64-1024-1024-10 (batch 128 per rank), CNN conv32-pool-conv64-pool-dense10 on 28x28x1 (batch 128 per "
             "rank); SGD momentum 0.9, fp32, one thread per rank, synthetic data; samples/s = median of the epochs "
             "after the first.",
             "Launch: hvtrain `hvtrain train` (np=1) / `hvtrain launch -np 2 --hostfile hostfiles/localhost` "

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from hvtrain.backends.base import Backend, Collectives
+from hvtrain.backends.reduce import direct_reduction
 from hvtrain.config.schema import Config
 from hvtrain.config.validate import per_sample_randomness
 from hvtrain.launch.process import ProcessInfo, default_threads
@@ -24,7 +25,7 @@ from .export import export as export_model
 from .export import load as load_exported
 from .model import build_model, from_native, to_native
 from .native import reading, reads, returned, scores
-from .ops import LOSSES, eval_sums, load_training_state, make_optimizer, state_bytes, training_state
+from .ops import LOSSES, DirectGradients, eval_sums, load_training_state, make_optimizer, state_bytes, training_state
 from .shard import ShardedOptimizer
 from .stage import TorchStage
 
@@ -90,8 +91,11 @@ class TorchBackend(Backend):
         self.optimizer = make_optimizer(cfg, self.model)
         if runtime.info.size > 1 and not runtime.elastic:  # elastic: the state's sync() broadcasts
             runtime.horovod.broadcast_model(self.model, self.optimizer)
+        self.direct = None
         if cfg.train.shard_optimizer:  # replaces the whole-state optimizer (without state: never stepped)
             self.optimizer = ShardedOptimizer(cfg, [p for p in self.model.parameters() if p.requires_grad], runtime)
+        elif direct_reduction(cfg, self.device.type == "cuda"):
+            self.direct = DirectGradients(list(self.model.parameters()), runtime)
         elif runtime.distributed:
             self.optimizer = runtime.horovod.distributed_optimizer(
                 self.optimizer, self.model, cfg.train.compression, cfg.train.grad_accumulation,
@@ -138,8 +142,9 @@ class TorchBackend(Backend):
             return False  # the loop stops the job, naming this rank and step
         if finite:
             self._loss_acc += loss.detach().double()
-        # Horovod averages over ranks; each rank's weighted sum is 1/size of the global mean.
-        scaled = loss * self.runtime.info.size
+        # Each rank's weighted sum is 1/size of the global mean: summed over ranks (direct) as it is;
+        # Horovod's optimizer averages
+        scaled = loss if self.direct is not None else loss * self.runtime.info.size
         if not finite:  # on_nan: skip. An inf loss can have finite gradients (an overflowing squared
             scaled = scaled * float("nan")  # error): NaN ones make every rank skip this update alike
         if apply and isinstance(self.optimizer, ShardedOptimizer):
@@ -153,6 +158,9 @@ class TorchBackend(Backend):
         return finite
 
     def _update(self) -> None:
+        if self.direct is not None:
+            self._direct_update()
+            return
         distributed = self.runtime.distributed
         if not distributed and self.spec is None and not isinstance(self.optimizer, ShardedOptimizer):
             # A native model's parameter that got no gradient (an unused head, a branch not taken)
@@ -176,6 +184,16 @@ class TorchBackend(Backend):
             self.optimizer.step()
         self.optimizer.zero_grad()
 
+    def _direct_update(self) -> None:
+        self.direct.sum()
+        if self.scaler is not None:  # the summed gradients: every rank finds the same inf
+            self.scaler.unscale_(self.optimizer)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        elif not self.skip_nan or self.direct.finite():  # decided on summed gradients: the same on every rank
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+
     def _step(self, synchronized: bool, step: Callable[[], Any]) -> None:
         if synchronized:  # gradients already averaged: Horovod must not reduce them again
             with self.optimizer.skip_synchronize():
@@ -191,7 +209,7 @@ class TorchBackend(Backend):
         # .grad tensors and the micro-batch counters of an unfinished step are ours to reset.
         for p in self.model.parameters():
             p.grad = None
-        if self.runtime.distributed:
+        if self.runtime.distributed and self.direct is None:
             self.optimizer.set_backward_passes_per_step(self.optimizer.backward_passes_per_step)
 
     def on_world_change(self) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from hvtrain.backends.reduce import sum_arrays
 from hvtrain.config.schema import Config
 from hvtrain.io.statefile import decode_json, encode_json
 from hvtrain.metrics.suite import MetricSet, batch_stats
@@ -118,3 +119,37 @@ def load_training_state(state: dict[str, np.ndarray], model: torch.nn.Module, op
         torch.set_rng_state(torch.from_numpy(np.array(state["rng.torch"])))
         if "rng.torch_cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state(torch.from_numpy(np.array(state["rng.torch_cuda"])))
+
+
+class DirectGradients:
+    """The trainable parameters' gradients summed over the ranks after backward, in place
+    (backends/reduce.py). A parameter without a gradient (an unused head) gets a zero one and
+    steps on it, as Horovod's DistributedOptimizer fills it in: the same on any rank count."""
+
+    def __init__(self, params: list[torch.nn.Parameter], runtime: Any) -> None:
+        self.runtime = runtime
+        self.params = [p for p in params if p.requires_grad]
+
+    def sum(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif not p.grad.is_contiguous():
+                p.grad = p.grad.contiguous()
+        if self.runtime.info.size == 1:
+            return
+        grads = [p.grad for p in self.params]
+        if not self.runtime.direct:  # Gloo, elastic: one grouped Horovod allreduce (one cycle)
+            for grad, summed in zip(grads, self.runtime.horovod.sum(grads, "hvtrain.grads"), strict=True):
+                grad.copy_(summed)
+            return
+        # a GPU tensor (`reduction: direct` on a GPU) or bf16 (numpy has none): through a host copy
+        host = [g if g.device.type == "cpu" and g.dtype != torch.bfloat16 else g.to("cpu", torch.float32)
+                for g in grads]
+        sum_arrays(self.runtime, [h.numpy() for h in host])
+        for g, h in zip(grads, host, strict=True):
+            if h is not g:
+                g.copy_(h)
+
+    def finite(self) -> bool:
+        return all(bool(torch.isfinite(p.grad).all()) for p in self.params)

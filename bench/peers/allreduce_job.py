@@ -1,13 +1,17 @@
 """One allreduce benchmark job (bench/allreduce.py starts it under horovodrun -np 2), one side:
 
-hvtrain: MPI and Horovod started as an hvtrain session starts them, with the settings of
-    hvtrain's config defaults (MPI environment, Horovod knobs, CPU binding), and each gradient
-    reduced as the torch backend's DistributedOptimizer does it: `hvd.allreduce_async_(grad, name,
-    op=hvd.Average)` for every tensor, then `hvd.synchronize` of each handle.
+hvtrain: MPI and Horovod started as an hvtrain session on CPUs starts them (mpi4py first, the
+    direct reduction's idle Horovod cycle, hvtrain's MPI environment and CPU binding), gradients
+    reduced as the backends do (hvtrain.backends.reduce.sum_arrays: in place, small ones packed),
+    and hvtrain's synchronous collective (Runtime.allreduce_sum, float64: metrics, agreement) timed
+    at each size too.
+horovod: Horovod's path, what the torch backend's DistributedOptimizer does (horovod.reduction:
+    hooks, hvtrain's default on GPUs): `hvd.allreduce_async_(grad, name, op=hvd.Average)` for every
+    tensor, then `hvd.synchronize` of each handle, Horovod's 1 ms cycle.
 mpi: raw MPI as a user gets it under the same launcher: mpi4py `Comm.Allreduce(IN_PLACE, buffer,
     SUM)` on numpy float32 buffers, MPI's own defaults, no Horovod, no hvtrain.
 
-    python bench/peers/allreduce_job.py hvtrain|mpi SECONDS SIZE_BYTES[,SIZE...]
+    python bench/peers/allreduce_job.py hvtrain|horovod|mpi SECONDS SIZE_BYTES[,SIZE...]
 Prints one line per rank (bench.common.MARK + JSON): seconds per allreduce of each size, and
 seconds per set of the many-small-tensors model (200 tensors of 1-10 KiB; the mpi side also
 times them as one concatenated buffer, the fused ideal).
@@ -27,10 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import CONFIGS, emit  # noqa: E402
 
 SIDE = sys.argv[1]
-KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY", "OMPI_MCA_mpi_yield_when_idle",
-         "BENCH_ALLREDUCE_OP")
+KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY", "OMPI_MCA_mpi_yield_when_idle")
 SMALL_TENSORS = 200  # 1-10 KiB each: the case tensor fusion exists for
-if SIDE == "hvtrain":
+if SIDE in ("hvtrain", "horovod"):
     from hvtrain.config.load import load_config
     from hvtrain.runtime.knobs import mpi_env
 
@@ -62,29 +65,53 @@ def timed(fn, seconds: float, chunks: int = 5) -> float:
     return statistics.median(per_call)
 
 
-def hvtrain_reducer():
-    """arrays -> a call that reduces them all the way hvtrain's torch gradient path does."""
+def runtime():
     import torch
 
     from hvtrain.runtime.horovod import Runtime
 
-    runtime = Runtime("torch")
-    info = runtime.init(CFG.horovod, elastic=False, cpu_binding=CFG.train.cpu_binding)
+    rt = Runtime("torch")
+    rt.init(CFG.horovod, elastic=False, cpu_binding=CFG.train.cpu_binding, direct=SIDE == "hvtrain")
     torch.set_num_threads(1)
-    import horovod.torch as hvd  # the peer job: Horovod itself, under hvtrain's runtime settings
-    # BENCH_ALLREDUCE_OP=sum (a diagnostic): without Average's pass that scales the result by 1/size
-    op = hvd.Sum if os.environ.get("BENCH_ALLREDUCE_OP") == "sum" else hvd.Average
+    assert rt.direct, "no direct communicator: MPI without MPI_THREAD_MULTIPLE?"
+    return rt
+
+
+def hvtrain_reducer(rt):
+    """arrays -> a call that reduces them as hvtrain's direct gradient path does."""
+    from hvtrain.backends.reduce import sum_arrays
+
+    def make(arrays: list[np.ndarray], prefix: str):
+        buffers = [a.copy() for a in arrays]
+        return lambda: sum_arrays(rt, buffers)
+
+    return make
+
+
+def sync_reducer(rt):
+    """hvtrain's synchronous collective (metrics, agreement): Runtime.allreduce_sum, float64."""
+    def make(arrays: list[np.ndarray], prefix: str):
+        values = np.concatenate(arrays).astype(np.float64)[: max(1, sum(a.nbytes for a in arrays) // 8)]
+        return lambda: rt.allreduce_sum(values, name=prefix)
+
+    return make
+
+
+def horovod_reducer(rt):
+    """arrays -> a call that reduces them as Horovod's DistributedOptimizer does."""
+    import horovod.torch as hvd
+    import torch
 
     def make(arrays: list[np.ndarray], prefix: str):
         tensors = [torch.from_numpy(a.copy()) for a in arrays]
 
         def once() -> None:
-            handles = [hvd.allreduce_async_(t, name=f"{prefix}.{i}", op=op) for i, t in enumerate(tensors)]
+            handles = [hvd.allreduce_async_(t, name=f"{prefix}.{i}", op=hvd.Average) for i, t in enumerate(tensors)]
             for h in handles:
                 hvd.synchronize(h)
         return once
 
-    return make, list(info.cpus)
+    return make
 
 
 def mpi_reducer(arrays: list[np.ndarray], prefix: str):
@@ -99,17 +126,22 @@ def mpi_reducer(arrays: list[np.ndarray], prefix: str):
 def main() -> None:
     seconds = float(sys.argv[2])
     sizes = [int(s) for s in sys.argv[3].split(",") if s]
-    make, cpus = hvtrain_reducer() if SIDE == "hvtrain" else (mpi_reducer, [])
+    rt = runtime() if SIDE != "mpi" else None
+    make = {"hvtrain": hvtrain_reducer, "horovod": horovod_reducer}[SIDE](rt) if rt else mpi_reducer
     rng = np.random.default_rng(0)
     small = [rng.standard_normal(int(rng.integers(256, 2561)), dtype=np.float32) for _ in range(SMALL_TENSORS)]
-    by_size = {str(size): timed(make([rng.standard_normal(size // 4, dtype=np.float32)], f"size{size}"), seconds)
-               for size in sizes}
+    buffers = {size: [rng.standard_normal(size // 4, dtype=np.float32)] for size in sizes}
+    by_size = {str(size): timed(make(buffers[size], f"size{size}"), seconds) for size in sizes}
+    sync = {str(size): timed(sync_reducer(rt)(buffers[size], f"sync{size}"), seconds) for size in sizes} \
+        if SIDE == "hvtrain" else {}
     small_sets = {"per_tensor": timed(make(small, "small"), seconds)}
     if SIDE == "mpi":
         small_sets["one_buffer"] = timed(make([np.concatenate(small)], "small_fused"), seconds)
     emit(comm.Get_rank(), side=SIDE, size=comm.Get_size(), seconds_per_allreduce=by_size,
-         seconds_per_small_set=small_sets, small_bytes=int(sum(a.nbytes for a in small)),
-         knobs={k: os.environ[k] for k in KNOBS if k in os.environ}, cpus=cpus)
+         seconds_per_sync_collective=sync, seconds_per_small_set=small_sets,
+         small_bytes=int(sum(a.nbytes for a in small)),
+         knobs={k: os.environ[k] for k in KNOBS if k in os.environ},
+         cpus=list(rt.info.cpus) if rt else [])
 
 
 if __name__ == "__main__":

@@ -23,9 +23,12 @@ def mpi_env(h: Any) -> dict[str, str]:
 AUTOTUNE_LOG = "autotune.csv"  # in output_dir, when horovod.autotune_log is not given
 
 
-def horovod_env(h: Any, elastic: bool = False, out_dir: Path | None = None) -> dict[str, str]:
+def horovod_env(h: Any, elastic: bool = False, out_dir: Path | None = None, direct: bool = False) -> dict[str, str]:
     """Horovod knobs from the config's `horovod` section; a HOROVOD_* variable already set by the
     user wins. Relative paths (timeline, autotune log) are in `out_dir`.
+
+    With `direct` (hvtrain's direct reduction carries the gradients, hvtrain.runtime.session), the
+    cycle time is `direct_cycle_ms`: Horovod only broadcasts at start-up, and idles.
 
     With `autotune`, the cycle time and fusion threshold are left to Horovod's search: Horovod
     takes a HOROVOD_CYCLE_TIME / HOROVOD_FUSION_THRESHOLD it finds as fixed (operations.cc,
@@ -36,7 +39,8 @@ def horovod_env(h: Any, elastic: bool = False, out_dir: Path | None = None) -> d
     HOROVOD_FUSION_THRESHOLD is set explicitly (HOROVOD_CYCLE_TIME alone is fine)."""
     out = Path(out_dir or ".")
     tuned = best_autotuned(h.autotune_from) if h.autotune_from else {}
-    wanted = {"HOROVOD_CYCLE_TIME": f"{tuned.get('cycle_time_ms', h.cycle_time_ms):g}"}
+    cycle = h.direct_cycle_ms if direct else tuned.get("cycle_time_ms", h.cycle_time_ms)
+    wanted = {"HOROVOD_CYCLE_TIME": f"{cycle:g}"}
     if h.autotune:  # Horovod fixes (leaves out of its search) a knob whose variable is set: search both
         wanted = {}
     elif not elastic:

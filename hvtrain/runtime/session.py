@@ -60,6 +60,13 @@ class Session:
         groups = None
         if not _mpi_started(self.runtime):  # else too late: the manifest must not claim it
             os.environ.update(mpi_env(cfg.horovod))
+        direct = False
+        if not (pipelined and cfg.pipelined) and not self.runtime.initialized \
+                and _direct_candidate(cfg, elastic, self.backend.local_gpus() > 0):
+            from mpi4py import MPI  # MPI up first, with threads: the runtime's direct communicator needs them
+
+            self.comm = MPI.COMM_WORLD
+            direct = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         if pipelined and cfg.pipelined:
             from mpi4py import MPI
 
@@ -82,7 +89,7 @@ class Session:
         # other socket from the rank's GPU
         binding = "none" if self.backend.local_gpus() else cfg.train.cpu_binding
         self.info = self.runtime.init(h, elastic=elastic, comm=self.comm, groups=groups, out_dir=cfg.out_dir,
-                                      cpu_binding=binding)
+                                      cpu_binding=binding, direct=direct)
         if self.info.cpus and cfg.train.threads > len(self.info.cpus):
             from hvtrain.io.reporter import report_warning
 
@@ -150,6 +157,17 @@ def _end_job(runtime, exc: BaseException) -> None:
 
     report_failure(runtime.info, exc)
     runtime.abort(exc.exit_code if isinstance(exc, HvtrainError) else 1)
+
+
+def _direct_candidate(cfg: Config, elastic: bool, gpus: bool) -> bool:
+    """The gradients will go by the direct reduction (hvtrain.backends.reduce), on MPI: not elastic,
+    not under Gloo, no sharded optimizer (its chunks go through Horovod), not in a process where
+    Horovod already runs (the Python API's later sessions keep the first one's cycle)."""
+    from hvtrain.backends.reduce import direct_reduction
+    from hvtrain.launch.process import launched_with_gloo
+
+    return not elastic and not launched_with_gloo() and not cfg.train.shard_optimizer \
+        and direct_reduction(cfg, gpus)
 
 
 def _mpi_started(runtime: Any) -> bool:

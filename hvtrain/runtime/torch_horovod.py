@@ -54,6 +54,10 @@ class TorchHorovod:
         return grouped_allreduce(hvd, tensors, num_groups, name, op=hvd.Average,
                                  compression=self.compression(compression), **kwargs)
 
+    def sum(self, tensors: list[torch.Tensor], name: str) -> list[torch.Tensor]:
+        """The tensors summed over all ranks, as one fused group."""
+        return grouped_allreduce(hvd, tensors, 0, name, op=hvd.Sum)
+
     def average_(self, tensor: torch.Tensor, name: str, process_set: Any = None) -> Callable[[], torch.Tensor]:
         """Started now: `tensor` averaged over the ranks (of `process_set`) in place; the returned
         call waits for it.

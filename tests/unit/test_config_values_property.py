@@ -83,6 +83,7 @@ RANGES: dict[str, Spec] = {
     "train.threads": I(0, 4096), "train.checkpoint_every": I(0), "train.keep": I(1),
     "train.elastic_commit_every": I(1), "train.signal_check_every": I(1), "train.peer_timeout_s": F(4, off=0),
     "horovod.cycle_time_ms": F(0, 1000), "horovod.fusion_threshold_mb": F(0, 16384),
+    "horovod.direct_cycle_ms": F(0, 1000),
     "horovod.cache_capacity": I(0, 2**31 - 1, optional=True), "horovod.num_groups": I(0),
     "parallel.pipeline.stages": I(1), "parallel.pipeline.micro_batches": I(1, 4096),
 }
@@ -320,6 +321,7 @@ TRAIN_DRAWS: dict[str, st.SearchStrategy] = {
     "train.threads": st.integers(0, 2), "train.checkpoint_every": st.integers(0, 2), "train.keep": st.integers(1, 3),
     "train.signal_check_every": st.integers(1, 20), "train.peer_timeout_s": st.sampled_from([0.0, 4.0, 30.0]),
     "horovod.cycle_time_ms": st.floats(0, 5), "horovod.fusion_threshold_mb": st.floats(0, 64),
+    "horovod.direct_cycle_ms": st.floats(0, 300),
     "horovod.cache_capacity": st.one_of(st.none(), st.integers(0, 2048)), "horovod.num_groups": st.integers(0, 3),
 }
 
