@@ -27,9 +27,12 @@ PACK_BYTES = 64 * 1024  # arrays smaller than this travel packed together: one c
 
 def direct_reduction(cfg: Any, on_gpu: bool) -> bool:
     """Gradients summed after backward (`horovod.reduction`): `auto` is direct on the CPU without
-    fp16 compression."""
-    mode = cfg.horovod.reduction
-    return mode == "direct" or (mode == "auto" and not on_gpu and cfg.train.compression == "none")
+    fp16 compression, unless the config asks for what only Horovod's path has (its timeline of the
+    allreduces, autotuning them, `num_groups`)."""
+    h = cfg.horovod
+    horovods = bool(h.timeline or h.autotune or h.autotune_from or h.num_groups)
+    return h.reduction == "direct" or (h.reduction == "auto" and not on_gpu and cfg.train.compression == "none"
+                                       and not horovods)
 
 
 def sum_arrays(runtime: Any, arrays: list[np.ndarray], into: list[np.ndarray] | None = None) -> list[np.ndarray]:

@@ -84,6 +84,8 @@ def _build(layer: LayerSpec, dtype_policy: str | None, draws: SampleDraws | None
         return keras.layers.AveragePooling2D(o["pool_size"], strides=o["strides"] or o["pool_size"], **kw)
     if kind == "flatten":
         return keras.layers.Flatten(**kw)
+    if kind == "zeropad2d":
+        return keras.layers.ZeroPadding2D(o["padding"], **kw)
     if kind == "reshape":
         return keras.layers.Reshape(o["shape"], **kw)
     if kind == "dropout":

@@ -250,6 +250,9 @@ def _build(layer: LayerSpec, draws: SampleDraws | None) -> nn.Module:
         return Pool2d(kind, o)
     if kind == "flatten":
         return nn.Flatten()
+    if kind == "zeropad2d":  # (N, H, W, C): the last axis first in F.pad's order
+        ph, pw = o["padding"]
+        return nn.ZeroPad3d((0, 0, pw, pw, ph, ph))
     if kind == "reshape":
         return Reshape(o["shape"])
     if kind == "dropout":

@@ -5,7 +5,7 @@ data and threads as the Horovod peers (the loss is averaged over the global batc
 summed gradients are the average: the same math as Horovod's op=Average).
 
     TF_CONFIG='{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": I}}' \
-        python bench/peers/tf_mwms.py EPOCHS STEPS BATCH          (one process per worker)
+        python bench/peers/tf_mwms.py EPOCHS STEPS BATCH [MODEL]          (one process per worker)
 Prints one line per worker (bench.common.MARK + JSON): samples/s of each epoch, peak RSS.
 """
 
@@ -16,9 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import emit  # noqa: E402
-from peers.tf_models import build, data, epochs, keras, one_thread, tf  # noqa: E402
+from peers.tf_models import SHAPES, build, data, epochs, keras, one_thread, tf  # noqa: E402
 
 n_epochs, steps, batch = (int(a) for a in sys.argv[1:4])
+name = sys.argv[4] if len(sys.argv) > 4 else "mlp"
 rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 one_thread()
 keras.utils.set_random_seed(0)
@@ -27,7 +28,7 @@ ring = tf.distribute.experimental.CommunicationOptions(
 strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=ring)
 size = strategy.num_replicas_in_sync
 with strategy.scope():
-    model = build()
+    model = build(name)
     opt = keras.optimizers.SGD(0.01, momentum=0.9)
     opt.build(model.trainable_variables)
 
@@ -41,10 +42,10 @@ def replica_step(xb, yb):
     return loss
 
 
-@tf.function(input_signature=[tf.TensorSpec((None, 64), tf.float32), tf.TensorSpec((None,), tf.int64)])
+@tf.function(input_signature=[tf.TensorSpec((None, *SHAPES[name]), tf.float32), tf.TensorSpec((None,), tf.int64)])
 def step(xb, yb):
     return strategy.run(replica_step, args=(xb, yb))
 
 
-x, y = data(steps * batch, seed=rank)
+x, y = data(steps * batch, seed=rank, name=name)
 emit(rank, samples_per_sec=epochs(step, x, y, n_epochs, steps, batch, size))

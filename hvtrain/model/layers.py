@@ -32,6 +32,7 @@ LAYER_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
     "global_avgpool": {},
     "global_maxpool": {},
     "flatten": {},
+    "zeropad2d": {"padding": ("pair", 1)},  # zeros around H and W (both sides): a strided conv's symmetric padding
     "reshape": {"shape": ("shape", REQUIRED)},
     "dropout": {"rate": ("rate", REQUIRED)},
     "batchnorm": {"momentum": ("rate", 0.99), "epsilon": ("pos_float", 1e-3)},
@@ -171,6 +172,9 @@ def infer(fail, path: str, i: int, kind: str, o: dict, shapes: list[tuple[int, .
         return (shape[-1],), []
     if kind == "flatten":
         return (math.prod(shape),), []
+    if kind == "zeropad2d":
+        need_rank(3, "(H, W, C) image")
+        return (shape[0] + 2 * o["padding"][0], shape[1] + 2 * o["padding"][1], shape[2]), []
     if kind == "reshape":
         if math.prod(o["shape"]) != math.prod(shape):
             raise fail(f"{path}.shape", f"cannot reshape {list(shape)} ({math.prod(shape)} values) "

@@ -17,7 +17,7 @@ import numpy as np
 from hvtrain.config.schema import Config
 from hvtrain.data.dataset import Dataset
 from hvtrain.errors import HvtrainError
-from hvtrain.launch.process import affinity
+from hvtrain.launch.process import affinity, launched_with_gloo
 from hvtrain.model.native import OutputForm
 from hvtrain.model.spec import ModelSpec
 from hvtrain.runtime.experiment import Prepared
@@ -76,6 +76,11 @@ class Session:
 
                 self.plan = make_plan(cfg, spec, self.comm.Get_size(), {"gpu": self.backend.local_gpus()})
             groups = [self.plan.dp_group(s) for s in range(self.plan.num_stages)] if self.plan.replicas > 1 else None
+            # one replica: a step's activations and gradients go point to point on MPI, nothing through
+            # Horovod, whose idle cycles would only take the stages' cores (measured: bench/pipeline.py)
+            direct = self.plan.replicas == 1 and not elastic and not cfg.train.shard_optimizer \
+                and not launched_with_gloo() and not self.runtime.initialized \
+                and MPI.Query_thread() == MPI.THREAD_MULTIPLE
         h = cfg.horovod
         if h.timeline or h.autotune:  # Horovod opens these files on rank 0 inside hvd.init
             from hvtrain.launch.process import launcher_rank

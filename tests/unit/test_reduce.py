@@ -60,7 +60,10 @@ def test_into_other_arrays_leaves_the_inputs_alone():
 
 @pytest.mark.parametrize(("sets", "gpu", "expected"), [
     ((), False, True), ((), True, False), (("train.compression=fp16",), False, False),
-    (("horovod.reduction=hooks",), False, False), (("horovod.reduction=direct",), True, True)])
+    (("horovod.reduction=hooks",), False, False), (("horovod.reduction=direct",), True, True),
+    # what only Horovod's path has: its timeline, autotuning, gradient groups
+    (("horovod.timeline=t.json",), False, False), (("horovod.autotune=true",), False, False),
+    (("horovod.num_groups=2",), False, False), (("horovod.num_groups=2", "horovod.reduction=direct"), False, True)])
 def test_which_reduction(sets, gpu, expected):
     cfg = load_config("examples/digits_mlp.yaml", list(sets))
     assert direct_reduction(cfg, gpu) is expected
