@@ -1,5 +1,5 @@
 # make setup [GPU=1] | make demo | make test | make bench | make lint | make docs (the guide, strict, into site/)
-# make bench: BENCHMARKS.md (~20 min); BENCH_QUICK=1 make bench: the smoke run; BENCH_REPEATS=N
+# make bench: BENCHMARKS.md (<= 25 min); BENCH_QUICK=1 make bench: the smoke run; BENCH_REPEATS=N
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2

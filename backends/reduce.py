@@ -28,7 +28,10 @@ PACK_BYTES = 64 * 1024  # arrays smaller than this travel packed together: one c
 def direct_reduction(cfg: Any, on_gpu: bool) -> bool:
     """Gradients summed after backward (`horovod.reduction`): `auto` is direct on the CPU without
     fp16 compression, unless the config asks for what only Horovod's path has (its timeline of the
-    allreduces, autotuning them, `num_groups`)."""
+    allreduces, autotuning them, `num_groups`). Never under train.shard_optimizer, whose chunks are
+    reduce-scattered through Horovod (averaged: the loss is scaled for Horovod's path)."""
+    if cfg.train.shard_optimizer:
+        return False
     h = cfg.horovod
     horovods = bool(h.timeline or h.autotune or h.autotune_from or h.num_groups)
     return h.reduction == "direct" or (h.reduction == "auto" and not on_gpu and cfg.train.compression == "none"

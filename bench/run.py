@@ -2,7 +2,7 @@
 
 Each section is a module of bench/ with `run(quick: bool) -> dict` (the record described in
 bench/common.py); the sides of a comparison alternate (A, B, C, A, B, C, ...) for BENCH_REPEATS
-repetitions (default 3) and are reported as median, spread (min-max) and ratios.
+repetitions (default 2) and are reported as median, spread (min-max) and ratios.
 
     python bench/run.py [--quick] [--only SECTION[,SECTION]] [--out DIR] [--report FILE]
 

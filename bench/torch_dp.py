@@ -43,11 +43,11 @@ from hvtrain.runtime.knobs import horovod_env, mpi_env
 KNOBBED = "hand-written, hvtrain's knobs"
 # model: (config, per-rank batch, steps per epoch per rank, epochs); the first epoch is warm-up
 FULL = {"mlp": (CONFIGS / "mlp.yaml", 128, 40, 5), "cnn": (CONFIGS / "cnn.yaml", 128, 10, 5),
-        "resnet18": (CONFIGS / "resnet18.yaml", 8, 4, 3)}
+        "resnet18": (CONFIGS / "resnet18.yaml", 8, 4, 2)}
 QUICK = {"mlp": (CONFIGS / "mlp.yaml", 128, 6, 2), "cnn": (CONFIGS / "cnn.yaml", 128, 2, 2)}
 CEILING_GOAL = 0.85  # np=2 samples/s ÷ the two-independent-ranks ceiling (issue 26)
 # (model, np) pairs measured; quick mode runs each side and model once, not every combination
-FULL_CASES = [("mlp", 1), ("mlp", 2), ("cnn", 1), ("cnn", 2), ("resnet18", 2)]
+FULL_CASES = [("mlp", 1), ("mlp", 2), ("cnn", 2), ("resnet18", 2)]
 QUICK_CASES = [("mlp", 1), ("cnn", 2)]
 
 
@@ -128,8 +128,10 @@ def run(quick: bool) -> dict:
             "Layout: hvtrain's torch backend keeps activations channels-last (its neutral layout) and hands convs "
             "NHWC-ordered tensors in torch's channels_last memory format; the peers use PyTorch's default NCHW "
             "(bench/peers/torch_models.py), as a user writing them would. The math is the same; the CNN's time per "
-            "step differs already at np=1, where nothing is communicated (the 'cnn np=1' row), so part of every CNN "
-            "ratio is that layout, not hvtrain's loop: measured 2026-12-01 (this CNN, 1 thread, batch 128, the "
+            "step differed already at np=1, where nothing is communicated (hvtrain 1.60x the hand-written loop's "
+            "samples/s, BENCHMARKS.md of 2026-12-01: the 'cnn np=1' case, left out since to keep make bench in its "
+            "time), so part of every CNN and ResNet ratio is that layout, not hvtrain's loop: measured 2026-12-01 "
+            "(this CNN, 1 thread, batch 128, the "
             "peers' own loop), converting the peer's model and images to channels_last gives 1.34x NCHW's "
             "samples/s. The peers stay NCHW: Horovod's broadcast_parameters refuses channels_last weights "
             "(non-contiguous), and NCHW is what a user writing them gets. The MLP rows have no layout.",

@@ -158,10 +158,11 @@ class TensorFlowBackend(Backend):
         k_sig = tf.TensorSpec((None, 2), tf.int64)  # the samples' dropout keys (per_sample; zeros otherwise)
         horovod, size = self.runtime.horovod, float(self.runtime.info.size)
         distributed = self.runtime.info.size > 1
-        # summed on the direct MPI communicator (numpy_function: measured ~0.3 ms a step of TF's own,
-        # against ~0.8 ms for Horovod's in-graph allreduce at np=2; backends/base.direct_reduction)
+        # summed on the direct MPI communicator (backends/reduce.py; through tf.numpy_function: measured, a
+        # 32-256-4 MLP at batch 32, np=2, +0.3 ms a step over one plain rank, +0.8 ms with Horovod's
+        # in-graph allreduce)
         direct = distributed and self.runtime.direct and direct_reduction(self.cfg, bool(self.on_gpu))
-        factor = 1.0 if direct else size  # each rank's loss is its share of the global mean: summed as it is
+        loss_factor = 1.0 if direct else size  # each rank's loss is its share of the global mean: summed as is
         scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
 
         def local_grads(x, y, w, k, training):
@@ -169,7 +170,7 @@ class TensorFlowBackend(Backend):
                 with keyed(self.draws, k):
                     out = scores(self.form, self.model(x, training=training))
                 loss = tf.reduce_sum(self.loss_fn(out, y) * w)
-                total = loss * factor  # Horovod averages; see hvtrain.data.batches.Batch
+                total = loss * loss_factor  # Horovod averages; see hvtrain.data.batches.Batch
                 if scaled:
                     total = self.optimizer.scale_loss(total)
             grads = tape.gradient(total, [v.value for v in self.train_vars])
@@ -249,13 +250,14 @@ class TensorFlowBackend(Backend):
         communicator, into buffers kept from step to step (TensorFlow's inputs are not ours to
         write; new arrays each step cost their page faults: measured ~4% of an MLP step)."""
         runtime = self.runtime
-        into = [np.empty(g.shape, g.dtype.as_numpy_dtype) for g in grads]
+        shapes = [v.shape for v in self.train_vars]  # a gradient's static shape may be unknown (IndexedSlices)
+        into = [np.empty(s, g.dtype.as_numpy_dtype) for s, g in zip(shapes, grads, strict=True)]
 
         def sum_all(*arrays: np.ndarray) -> list[np.ndarray]:
             return sum_arrays(runtime, [np.ascontiguousarray(a) for a in arrays], into)
 
         summed = tf.numpy_function(sum_all, grads, [g.dtype for g in grads], stateful=True)
-        return [tf.ensure_shape(s, g.shape) for s, g in zip(summed, grads, strict=True)]
+        return [tf.ensure_shape(s, shape) for s, shape in zip(summed, shapes, strict=True)]
 
     def _input_shape(self) -> tuple:
         if self.spec is not None:

@@ -99,7 +99,13 @@ class Runtime:
         self.info = self._read_info("gloo" if elastic or (self._hvd.gloo_enabled() and launched_with_gloo()) else "mpi")
         if cpu_binding == "auto" and not elastic and self.info.local_size > 1:
             self.info = replace(self.info, cpus=self._bind_cpus())
-        self.comm = self._direct_comm(comm) if self.info.controller == "mpi" else None
+        # MPI that Horovod runs on (not Gloo: importing mpi4py there would start an MPI of its own)
+        on_mpi = not elastic and self.info.controller != "gloo" and self._hvd.mpi_enabled()
+        self.comm = self._direct_comm(comm) if on_mpi else None
+        if direct and self.comm is None:  # Horovod idles at horovod.direct_cycle_ms: its path would crawl
+            raise HvtrainError("MPI gave hvtrain no communicator of its own beside Horovod's (MPI_THREAD_MULTIPLE, "
+                               "the same world), which horovod.reduction needs for `direct` (and `auto` on CPUs); "
+                               "set horovod.reduction: hooks")
         return self.info
 
     def _direct_comm(self, shared: Any) -> Any:

@@ -166,13 +166,10 @@ def _end_job(runtime, exc: BaseException) -> None:
 
 def _direct_candidate(cfg: Config, elastic: bool, gpus: bool) -> bool:
     """The gradients will go by the direct reduction (hvtrain.backends.reduce), on MPI: not elastic,
-    not under Gloo, no sharded optimizer (its chunks go through Horovod), not in a process where
-    Horovod already runs (the Python API's later sessions keep the first one's cycle)."""
+    not under Gloo (direct_reduction: no sharded optimizer, whose chunks go through Horovod)."""
     from hvtrain.backends.reduce import direct_reduction
-    from hvtrain.launch.process import launched_with_gloo
 
-    return not elastic and not launched_with_gloo() and not cfg.train.shard_optimizer \
-        and direct_reduction(cfg, gpus)
+    return not elastic and not launched_with_gloo() and direct_reduction(cfg, gpus)
 
 
 def _mpi_started(runtime: Any) -> bool:

@@ -33,12 +33,15 @@ def equiv_runs(request, tmp_path_factory):
                                *common),
             "horovodrun": horovodrun(2, "train", EQUIV, "--output-dir", str(base / "horovodrun"), *common),
             "gloo": horovodrun(2, "train", EQUIV, "--output-dir", str(base / "gloo"), *common, gloo=True),
-            "mpirun": mpirun(2, "train", EQUIV, "--output-dir", str(base / "mpirun"), *common)}
+            "mpirun": mpirun(2, "train", EQUIV, "--output-dir", str(base / "mpirun"), *common),
+            "hooks": horovodrun(2, "train", EQUIV, "--output-dir", str(base / "hooks"), *common,
+                                "--set", "horovod.reduction=hooks")}
     out = {}
-    for name in ("np1_b64", *LAUNCHERS[backend]):
+    for name in ("np1_b64", *LAUNCHERS[backend], "hooks"):
         run(argv[name], timeout=180)
         out[name] = {"weights": load_weights(base / name / "final.safetensors"),
-                     "summary": json.loads((base / name / "summary.json").read_text())}
+                     "summary": json.loads((base / name / "summary.json").read_text()),
+                     "manifest": json.loads((base / name / "manifest.json").read_text())}
     return backend, out
 
 
@@ -64,6 +67,17 @@ def test_launchers_give_the_same_weights(equiv_runs):
     assert diff <= 1e-6, f"{backend}: horovodrun vs {other} differ by {diff}"
     # validation metrics are reduced globally: every launcher reports the same numbers
     assert r[other]["summary"]["val_accuracy"] == pytest.approx(r["horovodrun"]["summary"]["val_accuracy"])
+
+
+def test_the_direct_reduction_equals_horovods_path_and_idles_horovod(equiv_runs):
+    """On CPUs the gradients are summed on hvtrain's own MPI communicator (horovod.reduction: auto ->
+    direct; Horovod idles at direct_cycle_ms); Horovod's own path (hooks) reaches the same weights."""
+    backend, r = equiv_runs
+    cycle = {name: r[name]["manifest"]["horovod_env"]["HOROVOD_CYCLE_TIME"] for name in ("horovodrun", "hooks")}
+    assert cycle == {"horovodrun": "200", "hooks": "1"}, cycle
+    diff = max_abs_diff(r["horovodrun"]["weights"], r["hooks"]["weights"])
+    assert diff <= 1e-6, f"{backend}: direct vs Horovod's path differ by {diff}"
+    assert r["hooks"]["summary"]["replicas_agree"] and r["horovodrun"]["summary"]["replicas_agree"]
 
 
 @pytest.mark.parametrize(("backend", "example"), [("torch", "digits_mlp"), ("tensorflow", "digits_cnn")])

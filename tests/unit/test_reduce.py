@@ -63,7 +63,9 @@ def test_into_other_arrays_leaves_the_inputs_alone():
     (("horovod.reduction=hooks",), False, False), (("horovod.reduction=direct",), True, True),
     # what only Horovod's path has: its timeline, autotuning, gradient groups
     (("horovod.timeline=t.json",), False, False), (("horovod.autotune=true",), False, False),
-    (("horovod.num_groups=2",), False, False), (("horovod.num_groups=2", "horovod.reduction=direct"), False, True)])
+    (("horovod.num_groups=2",), False, False), (("horovod.num_groups=2", "horovod.reduction=direct"), False, True),
+    (("train.shard_optimizer=true",), False, False), (("train.shard_optimizer=true", "horovod.reduction=direct"),
+                                                      False, False)])
 def test_which_reduction(sets, gpu, expected):
     cfg = load_config("examples/digits_mlp.yaml", list(sets))
     assert direct_reduction(cfg, gpu) is expected
