@@ -51,8 +51,10 @@ def run(quick: bool) -> dict:
     # no goal here: two repetitions at most keep `make bench` within its time
     reps, log = min(repeats(quick), MAX_REPEATS), logger("levers")
     steps, epochs = (QUICK_STEPS, QUICK_EPOCHS) if quick else (STEPS, EPOCHS)
-    common = [f"data.samples={steps * BATCH * 2}", f"train.epochs={epochs}", "train.threads=1"]
-    one_rank = [f"data.samples={steps * BATCH}", f"train.epochs={epochs}", "train.threads=1"]
+    common = [f"data.samples={steps * BATCH * 2}", f"data.batch_size={BATCH}", f"train.epochs={epochs}",
+              "train.threads=1"]
+    one_rank = [f"data.samples={steps * BATCH}", f"data.batch_size={BATCH}", f"train.epochs={epochs}",
+                "train.threads=1"]
     chosen = QUICK_LEVERS if quick else tuple(LEVERS)
     with tempfile.TemporaryDirectory(prefix="bench-levers-") as tmp:
         sides = [hvtrain_side(name, 2, CONFIG, Path(tmp), [*common, *LEVERS[name][0]], env=LEVER_ENV.get(name))

@@ -196,7 +196,9 @@ def run(quick: bool) -> dict:
         hm = size["hybrid_micro"]
         hybrid = "D=2 x S=2, np=4" + (" (oversubscribed)" if cores < 4 else "")
         if f"{b} D=2 x S=2 M={hm}" in runs:
-            rows.append(row(b, hybrid, hm, 4, runs[f"{b} D=2 x S=2 M={hm}"], theory(hm), rate1, cores))
+            micro = med([r["rate"] for r in runs[f"{b} 1 rank M={hm}"]]) / med(rate1) \
+                if f"{b} 1 rank M={hm}" in runs else 1.0
+            rows.append(row(b, hybrid, hm, 4, runs[f"{b} D=2 x S=2 M={hm}"], theory(hm), rate1, cores, micro))
         rows.append(row(b, "2 x 1 rank together (ceiling)", "", 2, runs[f"{b} 2 x 1 rank"], None, rate1, cores))
     return {
         "title": "Pipelines: measured efficiency vs the ideal M/(M+S-1) (S=2), torch and TensorFlow",

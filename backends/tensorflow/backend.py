@@ -254,7 +254,7 @@ class TensorFlowBackend(Backend):
         into = [np.empty(s, g.dtype.as_numpy_dtype) for s, g in zip(shapes, grads, strict=True)]
 
         def sum_all(*arrays: np.ndarray) -> list[np.ndarray]:
-            return sum_arrays(runtime, [np.ascontiguousarray(a) for a in arrays], into)
+            return sum_arrays(runtime, [np.require(a, requirements="C") for a in arrays], into)  # 0-d stays 0-d
 
         summed = tf.numpy_function(sum_all, grads, [g.dtype for g in grads], stateful=True)
         return [tf.ensure_shape(s, shape) for s, shape in zip(summed, shapes, strict=True)]

@@ -133,11 +133,14 @@ class DirectGradients:
     def sum(self) -> None:
         for p in self.params:
             if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            elif not p.grad.is_contiguous():
-                p.grad = p.grad.contiguous()
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         if self.runtime.info.size == 1:
             return
+        for p in self.params:
+            if p.grad.is_sparse:  # nn.Embedding(sparse=True): summed dense, as TensorFlow sums IndexedSlices
+                p.grad = p.grad.to_dense()
+            if not p.grad.is_contiguous():  # channels_last: summed as a contiguous copy
+                p.grad = p.grad.contiguous()
         grads = [p.grad for p in self.params]
         if not self.runtime.direct:  # Gloo, elastic: one grouped Horovod allreduce (one cycle)
             for grad, summed in zip(grads, self.runtime.horovod.sum(grads, "hvtrain.grads"), strict=True):

@@ -212,8 +212,8 @@ class HorovodConfig:
     reduction: Literal["auto", "direct", "hooks"] = "auto"
     # Horovod's cycle time while the direct reduction carries the gradients: only start-up broadcasts
     # go through Horovod then, and each idle cycle's negotiation (an allreduce between the background
-    # threads) takes the compute's cores: measured, torch MLP batch 128 np=2, 9.3k samples/s at 1 ms,
-    # 20.4k at 50 ms, 21.7k at 200 ms (bench/levers.py)
+    # threads) takes the compute's cores: measured 2026-12-07, torch MLP 64-1024-1024-10 batch 128
+    # np=2, 9.3k samples/s at 1 ms, 20.4k at 50 ms, 21.7k at 200 ms (bench/levers.py: 1 ms vs 200 ms)
     direct_cycle_ms: float = _ranged(200.0, lo=0, hi=1000)
 
 

@@ -108,6 +108,14 @@ def validate(cfg: Config, need_data: bool = True) -> None:
         if h.autotune and value != default:
             raise cfg.fail(path, f"autotune: true searches it, and a value hvtrain exported would be left out of "
                                  f"the search; leave it unset (got {value:g}), or export HOROVOD_* yourself to fix it")
+    if h.reduction == "direct":  # what only Horovod's path has would be ignored without a word
+        ignored = [("train.compression", cfg.train.compression == "fp16"), ("horovod.num_groups", h.num_groups > 0),
+                   ("horovod.timeline", bool(h.timeline)), ("horovod.autotune", h.autotune),
+                   ("horovod.autotune_from", bool(h.autotune_from))]
+        for path, given in ignored:
+            if given:
+                raise cfg.fail(path, "acts on Horovod's allreduces, which horovod.reduction: direct does not use; "
+                                     "set horovod.reduction: hooks (or auto), or leave it out")
     if h.autotune and h.autotune_from:
         raise cfg.fail("horovod.autotune_from", "give either autotune: true (search now) or autotune_from (use a "
                        "previous search's best values), not both")

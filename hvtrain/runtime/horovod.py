@@ -41,7 +41,8 @@ def grouped_allreduce(hvd: Any, tensors: list[Any], num_groups: int, name: str, 
     return out
 
 
-_PROCESS_BINDING: dict[str, tuple[int, ...]] = {}  # the CPUs this process bound itself to (once)
+# once per process: the CPUs it bound itself to ("cpus"); whether Horovod started idle ("idle_horovod")
+_PROCESS_BINDING: dict[str, Any] = {}
 
 
 class Runtime:
@@ -94,8 +95,14 @@ class Runtime:
             if groups or elastic:
                 raise HvtrainError("a pipeline with data-parallel replicas (Horovod process sets) or an elastic "
                                    "run must be the first hvtrain session of its process; run it in a new process")
+            if _PROCESS_BINDING.get("idle_horovod") and not direct and self._hvd.size() > 1:
+                raise HvtrainError("this process's first hvtrain session left Horovod's cycle idle "
+                                   f"(horovod.direct_cycle_ms: {os.environ.get('HOROVOD_CYCLE_TIME')} ms), and this "
+                                   "one reduces through Horovod every step (horovod.reduction: hooks, compression, "
+                                   "the sharded optimizer, a GPU): run it in a new process")
         else:
             self._hvd.init(comm=comm, process_sets=self.process_sets or None)
+            _PROCESS_BINDING["idle_horovod"] = direct
         self.info = self._read_info("gloo" if elastic or (self._hvd.gloo_enabled() and launched_with_gloo()) else "mpi")
         if cpu_binding == "auto" and not elastic and self.info.local_size > 1:
             self.info = replace(self.info, cpus=self._bind_cpus())

@@ -61,8 +61,7 @@ class Session:
         if not _mpi_started(self.runtime):  # else too late: the manifest must not claim it
             os.environ.update(mpi_env(cfg.horovod))
         direct = False
-        if not (pipelined and cfg.pipelined) and not self.runtime.initialized \
-                and _direct_candidate(cfg, elastic, self.backend.local_gpus() > 0):
+        if not (pipelined and cfg.pipelined) and _direct_candidate(cfg, elastic, self.backend.local_gpus() > 0):
             from mpi4py import MPI  # MPI up first, with threads: the runtime's direct communicator needs them
 
             self.comm = MPI.COMM_WORLD
@@ -79,8 +78,7 @@ class Session:
             # one replica: a step's activations and gradients go point to point on MPI, nothing through
             # Horovod, whose idle cycles would only take the stages' cores (measured: bench/pipeline.py)
             direct = self.plan.replicas == 1 and not elastic and not cfg.train.shard_optimizer \
-                and not launched_with_gloo() and not self.runtime.initialized \
-                and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+                and not launched_with_gloo() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
         h = cfg.horovod
         if h.timeline or h.autotune:  # Horovod opens these files on rank 0 inside hvd.init
             from hvtrain.launch.process import launcher_rank

@@ -63,12 +63,21 @@ def test_into_other_arrays_leaves_the_inputs_alone():
     (("horovod.reduction=hooks",), False, False), (("horovod.reduction=direct",), True, True),
     # what only Horovod's path has: its timeline, autotuning, gradient groups
     (("horovod.timeline=t.json",), False, False), (("horovod.autotune=true",), False, False),
-    (("horovod.num_groups=2",), False, False), (("horovod.num_groups=2", "horovod.reduction=direct"), False, True),
+    (("horovod.num_groups=2",), False, False),
     (("train.shard_optimizer=true",), False, False), (("train.shard_optimizer=true", "horovod.reduction=direct"),
                                                       False, False)])
 def test_which_reduction(sets, gpu, expected):
     cfg = load_config("examples/digits_mlp.yaml", list(sets))
     assert direct_reduction(cfg, gpu) is expected
+
+
+@pytest.mark.parametrize("key", ["train.compression=fp16", "horovod.num_groups=2", "horovod.timeline=t.json",
+                                 "horovod.autotune=true"])
+def test_direct_refuses_what_only_horovods_path_does(key):
+    from hvtrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"{key.split('=')[0]}: acts on Horovod's allreduces.*reduction: hooks"):
+        load_config("examples/digits_mlp.yaml", ["horovod.reduction=direct", key])
 
 
 def test_the_direct_reduction_idles_horovods_cycle_unless_the_user_set_it(monkeypatch):
@@ -100,3 +109,25 @@ def test_torch_gradients_are_summed_in_place_and_a_missing_one_steps_on_zero():
         else:
             torch.testing.assert_close(p.grad, expected[n], rtol=0, atol=0)
     assert len(world.calls) == 2  # the 80 KB first weight alone; everything else packed
+
+
+def test_a_scalar_keeps_its_shape():
+    """A native Keras model's scalar weight (add_weight(shape=())): TensorFlow checks the summed shape."""
+    world = TwoRanks()
+    out = sum_arrays(world, [np.require(np.array(3.0, np.float32), requirements="C")], [np.empty((), np.float32)])
+    assert out[0].shape == () and float(out[0]) == 6.0
+
+
+def test_torch_sparse_and_channels_last_gradients_are_summed_dense_and_contiguous():
+    from hvtrain.backends.torch.ops import DirectGradients
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(5000, 8, sparse=True)  # 160 KB: summed alone, in place
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)  # unused: a zero gradient
+    emb(torch.tensor([1, 2, 2])).sum().backward()
+    expected = 2 * emb.weight.grad.to_dense()
+    world = TwoRanks()
+    DirectGradients([*emb.parameters(), *conv.parameters()], world).sum()
+    torch.testing.assert_close(emb.weight.grad, expected, rtol=0, atol=0)
+    assert not emb.weight.grad.is_sparse
+    assert torch.equal(conv.weight.grad, torch.zeros_like(conv.weight)) and conv.weight.grad.is_contiguous()
