@@ -40,7 +40,7 @@ def direct_reduction(cfg: Any, on_gpu: bool) -> bool:
 
 def sum_arrays(runtime: Any, arrays: list[np.ndarray], into: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Every rank's `arrays` (C-contiguous) summed, on every rank: into `into` (arrays of the same
-    shapes; a small one's result is a new array instead) or, when None, into the arrays themselves
+    shapes; packed small ones' results are new arrays instead) or, when None, into the arrays themselves
     (writable). Small ones go packed, per dtype."""
     in_place = into is None
     out: list[np.ndarray | None] = [None] * len(arrays)
@@ -51,8 +51,11 @@ def sum_arrays(runtime: Any, arrays: list[np.ndarray], into: list[np.ndarray] | 
         else:
             out[i] = runtime.sum_(a, out=None if in_place else into[i])
     for dtype, idx in small.items():
-        packed = np.concatenate([arrays[i].reshape(-1) for i in idx]) if len(idx) > 1 else \
-            np.array(arrays[idx[0]], dtype, copy=True).reshape(-1)
+        if len(idx) == 1:  # nothing to pack
+            i = idx[0]
+            out[i] = runtime.sum_(arrays[i], out=None if in_place else into[i])
+            continue
+        packed = np.concatenate([arrays[i].reshape(-1) for i in idx])
         runtime.sum_(packed, name=f"hvtrain.grads.{dtype}")
         at = 0
         for i in idx:

@@ -37,9 +37,6 @@ LEVERS = {
     "direct, 1 ms idle cycle": (("horovod.direct_cycle_ms=1",), "Horovod's idle cycles negotiate every 1 ms"),
     "Horovod's path (hooks)": (("horovod.reduction=hooks",), "DistributedOptimizer hooks, 1 ms cycle (hvtrain's "
                                                               "defaults before the direct reduction)"),
-    "hooks, MPI spins": (("horovod.reduction=hooks", "horovod.mpi_yield=false"),
-                         "OpenMPI's default: busy-wait inside MPI"),
-    "unbound": (("train.cpu_binding=none",), "threads of both ranks float over both cores"),
 }
 # levers given by the environment rather than the config
 LEVER_ENV: dict[str, dict[str, str]] = {}

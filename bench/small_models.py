@@ -36,7 +36,7 @@ from common import run as run_cmd
 
 CONFIG = CONFIGS / "small_mlp.yaml"
 BATCH = 32
-FULL, QUICK = (400, 4), (50, 2)  # steps per epoch per rank, epochs (the first is warm-up)
+FULL, QUICK = (300, 3), (50, 2)  # steps per epoch per rank, epochs (the first is warm-up)
 
 
 def elastic_side(tmp: Path, sets: list[str]) -> Side:

@@ -20,7 +20,6 @@ from common import (
     interleave,
     load_note,
     logger,
-    repeats,
     side_rows,
     steady,
 )
@@ -51,7 +50,7 @@ def native_side(framework: str, epochs: int, threads: int) -> Side:
 
 
 def run(quick: bool) -> dict:
-    reps, log = min(repeats(quick), 2), logger("transformer")  # no goal: 2 keep make bench within its time
+    reps, log = 1, logger("transformer")  # no goal: one repetition keeps make bench within its time
     epochs = 2 if quick else 4
     # every core, as a one-process user gets; quick (CI, maybe a loaded machine): one thread, so that
     # intra-op threads never wait on a descheduled sibling

@@ -89,7 +89,8 @@ def hvtrain_reducer(rt):
 
 
 def sync_reducer(rt):
-    """hvtrain's synchronous collective (metrics, agreement): Runtime.allreduce_sum, float64."""
+    """hvtrain's synchronous collective (metrics, agreement): Runtime.allreduce_sum, float64, on a
+    temporary as hvtrain's callers pass (summed in place)."""
     def make(arrays: list[np.ndarray], prefix: str):
         values = np.concatenate(arrays).astype(np.float64)[: max(1, sum(a.nbytes for a in arrays) // 8)]
         return lambda: rt.allreduce_sum(values, name=prefix)

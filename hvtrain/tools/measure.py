@@ -42,7 +42,7 @@ def measure_step(p: Prepared, steps: int = 10, warmup: int = 3, ranks_per_host: 
                            "hvtrain plan without a launcher, or give --step-ms")
     with session as s:
         build_native(cfg, s.backend, p.spec, p.spec.init_weights(cfg.seed) if p.spec else None, p.data, s.runtime)
-        runner = DataParallelSteps(s.backend, s.runtime, draws_seed=draws_seed(cfg))
+        runner = DataParallelSteps(s.backend, s.runtime, draws_seed=draws_seed(cfg, p.spec))
         batch, k = cfg.data.batch_size, cfg.train.grad_accumulation
         rows = np.resize(np.arange(len(p.data.train)), batch)
         x, y = p.data.train.take(rows)

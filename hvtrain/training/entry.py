@@ -173,7 +173,7 @@ def fit_session(s: Session, p: Prepared, quiet: bool, resume: str | None, signal
         note = s.backend.output_form().note(cfg.model.entrypoint) if p.spec is None else None
         if note:
             reporter.notice(note)
-        steps = DataParallelSteps(s.backend, rt, metrics, draws_seed(cfg))
+        steps = DataParallelSteps(s.backend, rt, metrics, draws_seed(cfg, p.spec))
         layout = None
     else:
         from hvtrain.pipeline.runner import PipelineSteps
