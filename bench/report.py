@@ -136,6 +136,10 @@ def render(latest: dict) -> str:
         if not s.get("checks") and s.get("goal"):
             goal_rows.append([s["title"], s["goal"], "", "", verdict(s["met"])])
     lines += table(["section", "goal", "measured", "spread", "verdict"], goal_rows) + [""]
+    misses = Path(__file__).resolve().parent / "misses.md"  # hand-written: where a missed goal's time goes
+    if not quick and misses.is_file() and any(c["met"] is False for s in latest["sections"].values()
+                                              for c in s.get("checks", [])):
+        lines += ["## Goals missed: where the time goes", "", misses.read_text().rstrip(), ""]
     for name, s in latest["sections"].items():
         lines += [f"## {s['title']}", ""]
         if "error" in s:
