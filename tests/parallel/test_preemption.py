@@ -112,7 +112,10 @@ def test_sigterm_to_hvtrain_launch_reaches_ranks_horovodrun_would_kill(tmp_path,
 
 def test_a_second_signal_during_the_checkpoint_leaves_checkpoints_intact(tmp_path):
     part = tmp_path / "part"
-    args = ["train", CFG, *COMMON, "--set", "train.checkpoint_every=1", "--output-dir", str(part)]
+    # 60 epochs: the burst must land while training runs (8 of the digits MLP's ~60 ms epochs could end
+    # before the ranks were found, and a signal after training ends the process: exit 138)
+    args = ["train", CFG, *COMMON, "--set", "train.epochs=60", "--set", "train.checkpoint_every=1",
+            "--output-dir", str(part)]
     proc = start(mpirun_command(2, *hvtrain(*args)), part)
     while not list_checkpoints(part):  # an epoch checkpoint exists before the signals
         time.sleep(0.02)
