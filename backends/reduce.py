@@ -39,9 +39,9 @@ def direct_reduction(cfg: Any, on_gpu: bool) -> bool:
 
 
 def sum_arrays(runtime: Any, arrays: list[np.ndarray], into: list[np.ndarray] | None = None) -> list[np.ndarray]:
-    """Every rank's `arrays` (C-contiguous) summed, on every rank: into `into` (arrays of the same
-    shapes; packed small ones' results are new arrays instead) or, when None, into the arrays themselves
-    (writable). Small ones go packed, per dtype."""
+    """Every rank's `arrays` (C-contiguous) summed on the runtime's direct communicator, on every
+    rank: into `into` (arrays of the same shapes; packed small ones' results are new arrays instead)
+    or, when None, into the arrays themselves (writable). Small ones go packed, per dtype."""
     in_place = into is None
     out: list[np.ndarray | None] = [None] * len(arrays)
     small: dict[np.dtype, list[int]] = {}
@@ -50,13 +50,13 @@ def sum_arrays(runtime: Any, arrays: list[np.ndarray], into: list[np.ndarray] | 
             small.setdefault(a.dtype, []).append(i)
         else:
             out[i] = runtime.sum_(a, out=None if in_place else into[i])
-    for dtype, idx in small.items():
+    for idx in small.values():
         if len(idx) == 1:  # nothing to pack
             i = idx[0]
             out[i] = runtime.sum_(arrays[i], out=None if in_place else into[i])
             continue
         packed = np.concatenate([arrays[i].reshape(-1) for i in idx])
-        runtime.sum_(packed, name=f"hvtrain.grads.{dtype}")
+        runtime.sum_(packed)
         at = 0
         for i in idx:
             part = packed[at: at + arrays[i].size].reshape(arrays[i].shape)

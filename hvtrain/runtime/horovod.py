@@ -42,7 +42,7 @@ def grouped_allreduce(hvd: Any, tensors: list[Any], num_groups: int, name: str, 
 
 
 # once per process: the CPUs it bound itself to ("cpus"); whether Horovod started idle ("idle_horovod")
-_PROCESS_BINDING: dict[str, Any] = {}
+_PROCESS: dict[str, Any] = {}
 
 
 class Runtime:
@@ -95,14 +95,14 @@ class Runtime:
             if groups or elastic:
                 raise HvtrainError("a pipeline with data-parallel replicas (Horovod process sets) or an elastic "
                                    "run must be the first hvtrain session of its process; run it in a new process")
-            if _PROCESS_BINDING.get("idle_horovod") and not direct and self._hvd.size() > 1:
+            if _PROCESS.get("idle_horovod") and not direct and self._hvd.size() > 1:
                 raise HvtrainError("this process's first hvtrain session left Horovod's cycle idle "
                                    f"(horovod.direct_cycle_ms: {os.environ.get('HOROVOD_CYCLE_TIME')} ms), and this "
                                    "one reduces through Horovod every step (horovod.reduction: hooks, compression, "
                                    "the sharded optimizer, a GPU): run it in a new process")
         else:
             self._hvd.init(comm=comm, process_sets=self.process_sets or None)
-            _PROCESS_BINDING["idle_horovod"] = direct
+            _PROCESS["idle_horovod"] = direct
         self.info = self._read_info("gloo" if elastic or (self._hvd.gloo_enabled() and launched_with_gloo()) else "mpi")
         if cpu_binding == "auto" and not elastic and self.info.local_size > 1:
             self.info = replace(self.info, cpus=self._bind_cpus())
@@ -137,8 +137,8 @@ class Runtime:
         per process (a later session keeps the first one's). No collective: it runs before the
         backend configures its framework (a TF tensor made now would fix TF's thread pools before
         the backend sizes them)."""
-        if "cpus" in _PROCESS_BINDING:
-            return _PROCESS_BINDING["cpus"]
+        if "cpus" in _PROCESS:
+            return _PROCESS["cpus"]
         cpus = () if "HOROVOD_THREAD_AFFINITY" in os.environ else \
             cpu_share(self.info.local_rank, self.info.local_size, affinity(), os.cpu_count() or 0, topology_key)
         for tid in os.listdir("/proc/self/task") if cpus else ():
@@ -146,7 +146,7 @@ class Runtime:
                 os.sched_setaffinity(int(tid), cpus)
             except OSError:  # the thread ended meanwhile
                 pass
-        _PROCESS_BINDING["cpus"] = cpus
+        _PROCESS["cpus"] = cpus
         return cpus
 
     def _read_info(self, controller: str) -> ProcessInfo:
@@ -206,22 +206,14 @@ class Runtime:
         out = self._hvd.allreduce(self._as_tensor(values), op=self._hvd.Sum, name=name)
         return np.asarray(out.numpy(), np.float64)
 
-    def sum_(self, values: np.ndarray, out: np.ndarray | None = None, name: str = "hvtrain.grads") -> np.ndarray:
+    def sum_(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """`values` (C-contiguous) summed over all ranks into `out` (None: into `values`, which
-        must be writable); returned. On the direct communicator where there is one, else Horovod
-        (Gloo, elastic: on one rank of an elastic world, nothing to sum)."""
-        target = values if out is None else out
-        if self.info.size == 1:
-            if out is not None:
-                out[...] = values
-            return target
-        if self.comm is not None:
-            from mpi4py import MPI
+        must be writable); returned. On the direct communicator: the direct reduction's own
+        primitive (its callers check `direct`; Gloo and elastic runs reduce through Horovod)."""
+        from mpi4py import MPI
 
-            self.comm.Allreduce(MPI.IN_PLACE if out is None else values, target)
-            return target
-        got = self._hvd.allreduce(self._as_tensor(values), op=self._hvd.Sum, name=name)
-        target[...] = np.asarray(got.numpy()).reshape(target.shape)
+        target = values if out is None else out
+        self.comm.Allreduce(MPI.IN_PLACE if out is None else values, target)
         return target
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:

@@ -60,25 +60,23 @@ class Session:
         groups = None
         if not _mpi_started(self.runtime):  # else too late: the manifest must not claim it
             os.environ.update(mpi_env(cfg.horovod))
-        direct = False
-        if not (pipelined and cfg.pipelined) and _direct_candidate(cfg, elastic, self.backend.local_gpus() > 0):
+        from hvtrain.backends.reduce import direct_reduction
+
+        pipeline, on_mpi = pipelined and cfg.pipelined, not elastic and not launched_with_gloo()
+        if pipeline or on_mpi and direct_reduction(cfg, self.backend.local_gpus() > 0):
             from mpi4py import MPI  # MPI up first, with threads: the runtime's direct communicator needs them
 
             self.comm = MPI.COMM_WORLD
-            direct = MPI.Query_thread() == MPI.THREAD_MULTIPLE
-        if pipelined and cfg.pipelined:
-            from mpi4py import MPI
-
-            self.comm = MPI.COMM_WORLD
+        if pipeline:
             with _PreInit(self.comm.Get_rank(), self.comm.Get_size()):
                 from hvtrain.pipeline.plan import make_plan
 
                 self.plan = make_plan(cfg, spec, self.comm.Get_size(), {"gpu": self.backend.local_gpus()})
             groups = [self.plan.dp_group(s) for s in range(self.plan.num_stages)] if self.plan.replicas > 1 else None
-            # one replica: a step's activations and gradients go point to point on MPI, nothing through
-            # Horovod, whose idle cycles would only take the stages' cores (measured: bench/pipeline.py)
-            direct = self.plan.replicas == 1 and not elastic and not cfg.train.shard_optimizer \
-                and not launched_with_gloo() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        # Horovod idles when nothing of a step goes through it: the direct reduction, or a one-replica
+        # pipeline (activations and gradients point to point on MPI; measured: bench/pipeline.py)
+        direct = self.comm is not None and on_mpi and MPI.Query_thread() == MPI.THREAD_MULTIPLE \
+            and (not pipeline or self.plan.replicas == 1 and not cfg.train.shard_optimizer)
         h = cfg.horovod
         if h.timeline or h.autotune:  # Horovod opens these files on rank 0 inside hvd.init
             from hvtrain.launch.process import launcher_rank
@@ -160,14 +158,6 @@ def _end_job(runtime, exc: BaseException) -> None:
 
     report_failure(runtime.info, exc)
     runtime.abort(exc.exit_code if isinstance(exc, HvtrainError) else 1)
-
-
-def _direct_candidate(cfg: Config, elastic: bool, gpus: bool) -> bool:
-    """The gradients will go by the direct reduction (hvtrain.backends.reduce), on MPI: not elastic,
-    not under Gloo (direct_reduction: no sharded optimizer, whose chunks go through Horovod)."""
-    from hvtrain.backends.reduce import direct_reduction
-
-    return not elastic and not launched_with_gloo() and direct_reduction(cfg, gpus)
 
 
 def _mpi_started(runtime: Any) -> bool:
